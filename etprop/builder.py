@@ -1,0 +1,336 @@
+"""The one builder: a spec becomes Python source, the source becomes an nn.Module.
+
+Generating source (instead of assembling closures) gives three things from one
+mechanism: the module etprop lowers, the standalone repro script (the same
+source, plus lowering code), and readable counterexamples.
+"""
+
+from __future__ import annotations
+
+import linecache
+from dataclasses import dataclass, field
+from typing import Optional
+
+import torch
+
+from etprop import ops, spec as specmod
+
+# Helpers every generated program may use. They are part of the generated
+# source so that a repro script needs nothing but torch.
+PRELUDE = '''\
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.nn.utils import parametrize
+from torch.nn.utils import parametrizations
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+def _randn(shape, seed, scale=1.0):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(shape, generator=generator) * scale
+
+
+def _reinit(module, seed):
+    """Seeded values for every parameter and buffer, independent of global RNG."""
+    generator = torch.Generator().manual_seed(seed)
+    is_norm = isinstance(module, (nn.LayerNorm, nn.GroupNorm, nn.BatchNorm1d, nn.BatchNorm2d))
+    with torch.no_grad():
+        weight = getattr(module, "weight", None)
+        fan_in = weight[0].numel() if weight is not None and weight.dim() > 1 else 1
+        for name, tensor in list(module.named_parameters(recurse=False)) + list(module.named_buffers(recurse=False)):
+            if name == "num_batches_tracked":
+                continue
+            noise = torch.randn(tensor.shape, generator=generator)
+            if name == "running_var":
+                tensor.copy_(0.5 + noise.abs())
+            elif is_norm and name == "weight":
+                tensor.copy_(1.0 + 0.1 * noise)
+            elif is_norm:
+                tensor.copy_(0.1 * noise)
+            else:
+                tensor.copy_(noise / fan_in ** 0.5)
+
+
+class _Weight(nn.Module):
+    """Holds one parameter, so parametrizations can compute it."""
+
+    def __init__(self, shape, seed, scale):
+        super().__init__()
+        self.weight = nn.Parameter(_randn(shape, seed, scale))
+
+
+class _Scale(nn.Module):
+    def __init__(self, factor):
+        super().__init__()
+        self.factor = factor
+
+    def forward(self, value):
+        return value * self.factor
+
+
+class _AddDelta(nn.Module):
+    """Sum of two parameters."""
+
+    def __init__(self, shape, seed):
+        super().__init__()
+        self.delta = nn.Parameter(_randn(shape, seed, 0.05))
+
+    def forward(self, value):
+        return value + self.delta
+
+
+class _BufferScale(nn.Module):
+    """A buffer as one source of the computed weight."""
+
+    def __init__(self, shape, seed):
+        super().__init__()
+        self.register_buffer("gain", 0.5 + _randn(shape, seed).abs())
+
+    def forward(self, value):
+        return value * self.gain
+
+
+class _LowRank(nn.Module):
+    """weight = A @ B, stored as the two factors (a low-rank product)."""
+
+    def __init__(self, rank):
+        super().__init__()
+        self.rank = rank
+
+    def forward(self, left, right):
+        return left @ right
+
+    def right_inverse(self, value):
+        u, s, vh = torch.linalg.svd(value, full_matrices=False)
+        return u[:, : self.rank] * s[: self.rank], vh[: self.rank].contiguous()
+
+
+class _Transpose(nn.Module):
+    def forward(self, value):
+        return value.t()
+
+    def right_inverse(self, value):
+        return value.t().contiguous()
+
+
+class _Reshape(nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = tuple(shape)
+
+    def forward(self, value):
+        return value.reshape(self.shape)
+
+    def right_inverse(self, value):
+        return value.reshape(-1)
+
+
+def _parametrize(module, name, kind, **attrs):
+    shape = tuple(getattr(module, name).shape)
+    if kind == "weight_norm":
+        parametrizations.weight_norm(module, name, dim=attrs.get("dim", 0))
+    elif kind == "spectral_norm":
+        parametrizations.spectral_norm(module, name, n_power_iterations=attrs.get("n_power_iterations", 1),
+                                       dim=attrs.get("dim"))
+    elif kind == "scale":
+        parametrize.register_parametrization(module, name, _Scale(attrs["factor"]))
+    elif kind == "add_delta":
+        parametrize.register_parametrization(module, name, _AddDelta(shape, attrs["seed"]))
+    elif kind == "buffer_scale":
+        parametrize.register_parametrization(module, name, _BufferScale(shape, attrs["seed"]))
+    elif kind == "low_rank":
+        parametrize.register_parametrization(module, name, _LowRank(attrs["rank"]), unsafe=True)
+    elif kind == "transpose":
+        parametrize.register_parametrization(module, name, _Transpose(), unsafe=True)
+    elif kind == "reshape":
+        parametrize.register_parametrization(module, name, _Reshape(shape), unsafe=True)
+    else:
+        raise ValueError(f"unknown parametrization {kind!r}")
+
+
+INPUT_KINDS = ("normal", "negative", "zeros", "large", "small")
+
+
+def make_input(shape, dtype, kind, seed):
+    """Deterministic test inputs: random normal plus edge values."""
+    generator = torch.Generator().manual_seed(seed)
+    value = torch.randn(shape, generator=generator)
+    if kind == "negative":
+        value = -3.0 * value.abs()
+    elif kind == "zeros":
+        value = torch.zeros(shape)
+    elif kind == "large":
+        value = 1e3 * value
+    elif kind == "small":
+        value = 1e-3 * value
+    return value.to(DTYPES[dtype])
+'''
+
+
+def _dtype_expr(dtype: str) -> str:
+    return f"DTYPES[{dtype!r}]"
+
+
+def _state_lines(name: str, entry: dict) -> list[str]:
+    kind = entry["kind"]
+    lines: list[str] = []
+    dtype = entry.get("dtype", "float32")
+    if kind == "layer":
+        kwargs = ", ".join(f"{k}={v!r}" for k, v in entry["kwargs"].items())
+        lines.append(f"self.{name} = nn.{entry['type']}({kwargs})")
+        lines.append(f"_reinit(self.{name}, {entry['seed']!r})")
+        if dtype != "float32":
+            lines.append(f"self.{name}.to({_dtype_expr(dtype)})")
+    elif kind == "weight":
+        lines.append(f"self.{name} = _Weight({tuple(entry['shape'])!r}, {entry['seed']!r}, "
+                     f"{entry.get('scale', 1.0)!r})")
+    else:
+        value = f"_randn({tuple(entry['shape'])!r}, {entry['seed']!r}, {entry.get('scale', 1.0)!r})"
+        if dtype != "float32":
+            value += f".to({_dtype_expr(dtype)})"
+        if kind == "parameter":
+            lines.append(f"self.{name} = nn.Parameter({value})")
+        elif kind == "buffer":
+            lines.append(f"self.register_buffer({name!r}, {value})")
+        else:
+            lines.append(f"self.{name} = {value}")
+    for p in entry.get("parametrizations", []):
+        attrs = {k: v for k, v in p.items() if k not in ("type", "on")}
+        extra = "".join(f", {k}={v!r}" for k, v in attrs.items())
+        lines.append(f"_parametrize(self.{name}, {p.get('on', 'weight')!r}, {p['type']!r}{extra})")
+    return lines
+
+
+def _body_lines(nodes: list[dict], indent: str) -> list[str]:
+    lines: list[str] = []
+    for node in nodes:
+        if node["op"] in ops.CONTROL_FLOW_OPS:
+            lines += _control_flow_lines(node, indent)
+        else:
+            lines.append(f"{indent}{node['id']} = {ops.render(node, node.get('args', []))}")
+    return lines
+
+
+def _function_lines(fn_name: str, params: list[str], body: dict, indent: str,
+                    returns: Optional[str] = None) -> list[str]:
+    lines = [f"{indent}def {fn_name}({', '.join(params)}):"]
+    lines += _body_lines(body["nodes"], indent + "    ")
+    result = returns or ", ".join(body["outputs"]) + ","
+    lines.append(f"{indent}    return ({result})")
+    return lines
+
+
+def _control_flow_lines(node: dict, indent: str) -> list[str]:
+    op, nid, args, attrs = node["op"], node["id"], node["args"], node.get("attrs", {})
+    bodies = node["bodies"]
+    lines: list[str] = []
+    if op == "cond":
+        for index, body in enumerate(bodies):
+            lines += _function_lines(f"_{nid}_branch{index}", body["params"], body, indent)
+        pred = f"{args[0]}.mean() > {attrs.get('threshold', 0.0)!r}"
+        operands = ", ".join(args[1:]) + ","
+        lines.append(f"{indent}{nid} = torch.cond({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
+    elif op == "map":
+        lines += _function_lines(f"_{nid}_body", bodies[0]["params"], bodies[0], indent)
+        lines.append(f"{indent}{nid} = torch._higher_order_ops.map.map(_{nid}_body, {', '.join(args)})[0]")
+    elif op == "scan":
+        body = bodies[0]
+        carry, xs = body["params"][:2]
+        lines += _function_lines(f"_{nid}_combine", body["params"], body, indent,
+                                 returns=f"{body['outputs'][0]}, {body['outputs'][-1]}.clone()")
+        lines.append(f"{indent}{nid} = torch._higher_order_ops.scan.scan(_{nid}_combine, {args[0]}, "
+                     f"{args[1]})[{attrs.get('select', 1)!r}]")
+    elif op == "while_loop":
+        body = bodies[0]
+        (param,) = body["params"]
+        lines.append(f"{indent}def _{nid}_cond(step, {param}):")
+        lines.append(f"{indent}    return step < {attrs['iterations']!r}")
+        lines.append(f"{indent}def _{nid}_body(step, {param}):")
+        lines += _body_lines(body["nodes"], indent + "    ")
+        lines.append(f"{indent}    return (step + 1, {body['outputs'][0]}.clone())")
+        lines.append(f"{indent}{nid} = torch._higher_order_ops.while_loop.while_loop(_{nid}_cond, "
+                     f"_{nid}_body, (torch.zeros((), dtype=torch.int64), {args[0]}))[1]")
+    return lines
+
+
+def render_source(spec: dict) -> str:
+    """The program's Python source: prelude, one Program class, its inputs."""
+    lines = [PRELUDE, "", "class Program(nn.Module):", "    def __init__(self):",
+             "        super().__init__()"]
+    for name, entry in spec["state"].items():
+        lines += ["        " + line for line in _state_lines(name, entry)]
+    for method, body in spec["methods"].items():
+        params = ["self"] + [inp["name"] for inp in body["inputs"]]
+        lines.append("")
+        lines += _function_lines(method, params, body, "    ")
+    lines += ["", "", "INPUTS = " + repr({m: body["inputs"] for m, body in spec["methods"].items()}), ""]
+    return "\n".join(lines)
+
+
+@dataclass
+class BuiltProgram:
+    spec: dict
+    source: str
+    module: torch.nn.Module
+    namespace: dict = field(repr=False)
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self.spec["methods"])
+
+    def inputs(self, method: str, kind: str = "normal", seed: int = 0) -> tuple:
+        make = self.namespace["make_input"]
+        return tuple(make(tuple(inp["shape"]), inp.get("dtype", "float32"), kind, seed * 7919 + index)
+                     for index, inp in enumerate(self.spec["methods"][method]["inputs"]))
+
+    def method_module(self, method: str) -> torch.nn.Module:
+        """A module whose forward is ``method``; parameters keep their names, so
+        methods exported separately still share weights by name."""
+        return _MethodView(self.module, method)
+
+    def dynamic_shapes(self, method: str):
+        inputs = self.spec["methods"][method]["inputs"]
+        if not any(inp.get("dynamic") for inp in inputs):
+            return None
+        specs = []
+        for inp in inputs:
+            dims = {}
+            for dim, low, high in inp.get("dynamic", []):
+                dims[dim] = torch.export.Dim(f"{inp['name']}_d{dim}", min=low, max=high)
+            specs.append(dims or None)
+        return tuple(specs)
+
+    def eager(self, method: str, inputs: tuple) -> list[torch.Tensor]:
+        """Eager reference outputs. Buffers mutated by the method are restored
+        afterwards, so the next call starts from the same initial state."""
+        saved = {k: v.clone() for k, v in self.module.state_dict().items()}
+        try:
+            with torch.no_grad():
+                return list(getattr(self.module, method)(*inputs))
+        finally:
+            self.module.load_state_dict(saved)
+
+
+class _MethodView(torch.nn.Module):
+    def __init__(self, program: torch.nn.Module, method: str):
+        super().__init__()
+        self.program = program
+        self.method = method
+
+    def forward(self, *args):
+        return getattr(self.program, self.method)(*args)
+
+
+def build(spec: dict, validate: bool = True) -> BuiltProgram:
+    """Spec → module (in eval mode) with its generated source."""
+    if validate:
+        specmod.validate(spec)
+    source = render_source(spec)
+    filename = f"<etprop program {specmod.digest(spec)}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace: dict = {"__name__": "etprop_program"}
+    exec(compile(source, filename, "exec"), namespace)
+    module = namespace["Program"]().eval()
+    return BuiltProgram(spec=spec, source=source, module=module, namespace=namespace)

@@ -1,0 +1,182 @@
+"""The op vocabulary of program specs: how each spec op becomes Python source.
+
+A node is ``{"id", "op", "args": [value refs], "attrs": {...}}`` (plus
+``"state"`` for ops that call a stateful layer). Each op here renders a node as
+one Python expression; the builder assembles those into the module's source.
+Rendering to source (rather than building modules from closures) means the
+program a repro file describes and the standalone repro script are the same
+code, and shape inference can evaluate that very expression on meta tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+Render = Callable[[list[str], dict, str], str]
+
+
+def _kw(attrs: dict, *names: str) -> str:
+    """Keyword arguments for the attrs present, in a stable order."""
+    parts = [f"{name}={attrs[name]!r}" for name in names if name in attrs]
+    return (", " + ", ".join(parts)) if parts else ""
+
+
+def _call(fn: str, *kwnames: str, nargs: int | None = None) -> Render:
+    def render(args, attrs, state):
+        used = args if nargs is None else args[:nargs]
+        return f"{fn}({', '.join(used)}{_kw(attrs, *kwnames)})"
+    return render
+
+
+def _layer(args, attrs, state):
+    return f"self.{state}({args[0]})"
+
+
+def _weight_ref(state: str, attr: str = "weight") -> str:
+    return f"self.{state}.{attr}"
+
+
+def _gemm_functional(fn: str, *kwnames: str) -> Render:
+    """A functional GEMM whose last operand is the weight held in ``state``."""
+    def render(args, attrs, state):
+        operands = list(args) + [_weight_ref(state)]
+        if attrs.get("bias_state"):
+            operands.insert(0, _weight_ref(attrs["bias_state"]))
+        return f"{fn}({', '.join(operands)}{_kw(attrs, *kwnames)})"
+    return render
+
+
+def _linear_functional(args, attrs, state):
+    bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
+    return f"F.linear({args[0]}, {_weight_ref(state)}, {bias})"
+
+
+def _conv_functional(dims: int, transposed: bool) -> Render:
+    fn = f"F.conv_transpose{dims}d" if transposed else f"F.conv{dims}d"
+    names = ("stride", "padding", "output_padding", "groups", "dilation") if transposed else (
+        "stride", "padding", "dilation", "groups")
+
+    def render(args, attrs, state):
+        bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
+        return f"{fn}({args[0]}, {_weight_ref(state)}, {bias}{_kw(attrs, *names)})"
+    return render
+
+
+def _method(name: str, *kwnames: str) -> Render:
+    def render(args, attrs, state):
+        rest = ", ".join(args[1:])
+        positional = [rest] if rest else []
+        positional += [repr(a) for a in attrs.get("positional", [])]
+        return f"{args[0]}.{name}({', '.join(positional)}{_kw(attrs, *kwnames)})"
+    return render
+
+
+def _binary_with_state(fn: str, *kwnames: str) -> Render:
+    """Binary op whose second operand may be a parameter/buffer/constant."""
+    def render(args, attrs, state):
+        operands = list(args)
+        if state:
+            operands.append(f"self.{state}")
+        if "scalar" in attrs:
+            operands.append(repr(attrs["scalar"]))
+        return f"{fn}({', '.join(operands)}{_kw(attrs, *kwnames)})"
+    return render
+
+
+def _cat(args, attrs, state):
+    return f"torch.cat([{', '.join(args)}], dim={attrs['dim']!r})"
+
+
+def _slice(args, attrs, state):
+    index = ["slice(None)"] * attrs["dim"] + [f"slice({attrs['start']!r}, {attrs['end']!r}, {attrs['step']!r})"]
+    return f"{args[0]}[{', '.join(index)}]"
+
+
+def _state_update(args, attrs, state):
+    """In-place update of a buffer; the expression's value is the updated buffer."""
+    return f"self.{state}.{attrs['how']}_({args[0]})"
+
+
+# Ops rendered from the node. Families group ops for coverage reports and
+# for the claims flows make (see oracles/coverage.py).
+OPS: dict[str, tuple[str, Render]] = {
+    # GEMMs
+    "layer": ("gemm", _layer),  # nn.Linear / ConvNd / ConvTransposeNd / norms
+    "linear": ("gemm", _linear_functional),
+    "conv1d": ("gemm", _conv_functional(1, False)),
+    "conv2d": ("gemm", _conv_functional(2, False)),
+    "conv_transpose1d": ("gemm", _conv_functional(1, True)),
+    "conv_transpose2d": ("gemm", _conv_functional(2, True)),
+    "addmm": ("gemm", _gemm_functional("torch.addmm", "beta", "alpha")),
+    "mm": ("gemm", _gemm_functional("torch.mm")),
+    "bmm": ("gemm", _gemm_functional("torch.bmm")),
+    "matmul": ("gemm", _gemm_functional("torch.matmul")),
+    # unary elementwise and activations
+    "relu": ("activation", _call("torch.relu")),
+    "gelu": ("activation", _call("F.gelu", "approximate")),
+    "sigmoid": ("activation", _call("torch.sigmoid")),
+    "tanh": ("activation", _call("torch.tanh")),
+    "silu": ("activation", _call("F.silu")),
+    "hardswish": ("activation", _call("F.hardswish")),
+    "hardsigmoid": ("activation", _call("F.hardsigmoid")),
+    "hardtanh": ("activation", _call("F.hardtanh", "min_val", "max_val")),
+    "leaky_relu": ("activation", _call("F.leaky_relu", "negative_slope")),
+    "elu": ("activation", _call("F.elu", "alpha")),
+    "softplus": ("activation", _call("F.softplus", "beta", "threshold")),
+    "clamp": ("elementwise", _call("torch.clamp", "min", "max")),
+    "abs": ("elementwise", _call("torch.abs")),
+    "neg": ("elementwise", _call("torch.neg")),
+    "square": ("elementwise", _call("torch.square")),
+    "sqrt_abs": ("elementwise", lambda a, at, s: f"torch.sqrt(torch.abs({a[0]}))"),
+    "exp_bounded": ("elementwise", lambda a, at, s: f"torch.exp(torch.tanh({a[0]}))"),
+    "floor": ("elementwise", _call("torch.floor")),
+    "ceil": ("elementwise", _call("torch.ceil")),
+    "round": ("elementwise", _call("torch.round")),
+    # binary elementwise
+    "add": ("binary", _binary_with_state("torch.add", "alpha")),
+    "sub": ("binary", _binary_with_state("torch.sub", "alpha")),
+    "mul": ("binary", _binary_with_state("torch.mul")),
+    "div": ("binary", _binary_with_state("torch.div", "rounding_mode")),
+    "maximum": ("binary", _binary_with_state("torch.maximum")),
+    "minimum": ("binary", _binary_with_state("torch.minimum")),
+    # reductions and softmax-like
+    "sum": ("reduction", _call("torch.sum", "dim", "keepdim")),
+    "mean": ("reduction", _call("torch.mean", "dim", "keepdim")),
+    "amax": ("reduction", _call("torch.amax", "dim", "keepdim")),
+    "amin": ("reduction", _call("torch.amin", "dim", "keepdim")),
+    "var": ("reduction", _call("torch.var", "dim", "correction", "keepdim")),
+    "softmax": ("softmax", _call("torch.softmax", "dim")),
+    "log_softmax": ("softmax", _call("torch.log_softmax", "dim")),
+    # views and data movement
+    "reshape": ("view", lambda a, at, s: f"{a[0]}.reshape({tuple(at['shape'])!r})"),
+    "permute": ("view", lambda a, at, s: f"{a[0]}.permute({tuple(at['dims'])!r})"),
+    "transpose": ("view", lambda a, at, s: f"{a[0]}.transpose({at['dim0']!r}, {at['dim1']!r})"),
+    "flatten": ("view", _call("torch.flatten", "start_dim", "end_dim")),
+    "unsqueeze": ("view", lambda a, at, s: f"{a[0]}.unsqueeze({at['dim']!r})"),
+    "squeeze": ("view", lambda a, at, s: f"{a[0]}.squeeze({at['dim']!r})"),
+    "slice": ("view", _slice),
+    "cat": ("view", _cat),
+    # pooling
+    "max_pool1d": ("pool", _call("F.max_pool1d", "kernel_size", "stride", "padding", "dilation", "ceil_mode")),
+    "max_pool2d": ("pool", _call("F.max_pool2d", "kernel_size", "stride", "padding", "dilation", "ceil_mode")),
+    "avg_pool1d": ("pool", _call("F.avg_pool1d", "kernel_size", "stride", "padding", "ceil_mode",
+                                 "count_include_pad")),
+    "avg_pool2d": ("pool", _call("F.avg_pool2d", "kernel_size", "stride", "padding", "ceil_mode",
+                                 "count_include_pad", "divisor_override")),
+    "adaptive_avg_pool2d": ("pool", _call("F.adaptive_avg_pool2d", "output_size")),
+    # state
+    "buffer_update": ("state", _state_update),
+}
+
+CONTROL_FLOW_OPS = ("cond", "map", "scan", "while_loop")
+
+
+def family(op: str) -> str:
+    if op in CONTROL_FLOW_OPS:
+        return "control_flow"
+    return OPS[op][0]
+
+
+def render(node: dict, args: list[str]) -> str:
+    _, renderer = OPS[node["op"]]
+    return renderer(args, node.get("attrs", {}), node.get("state"))

@@ -1,0 +1,137 @@
+"""Draw-time bookkeeping: the values a program has so far and their shapes.
+
+Strategies add nodes through :class:`GraphDraft`, which infers each new value's
+shape by evaluating the node's rendered expression on meta tensors. The
+expression evaluated is the very one the builder emits, so a shape the
+strategies believe in is the shape the program will have.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+import torch
+import torch.nn.functional as F
+from hypothesis import event
+from hypothesis import strategies as st
+from torch import nn
+
+from etprop import ops
+
+MAX_NUMEL = 4096
+
+
+@dataclass
+class Value:
+    name: str
+    shape: tuple[int, ...]
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+
+class _MetaSelf(SimpleNamespace):
+    """Stand-in for ``self`` in rendered expressions, with meta-device state."""
+
+
+def _meta_state(entry: dict):
+    kind = entry["kind"]
+    if kind == "layer":
+        return getattr(nn, entry["type"])(**entry["kwargs"], device="meta")
+    if kind == "weight":
+        return SimpleNamespace(weight=torch.empty(entry["shape"], device="meta"))
+    return torch.empty(entry["shape"], device="meta")
+
+
+@dataclass
+class ProgramDraft:
+    """State shared by all methods and bodies of one program being drawn."""
+
+    state: dict = field(default_factory=dict)
+    counter: itertools.count = field(default_factory=itertools.count)
+    meta_self: _MetaSelf = field(default_factory=_MetaSelf)
+    seeds: itertools.count = field(default_factory=lambda: itertools.count(1))
+    # Draw every GEMM weight as a computed one (the computed-weights family).
+    computed_weights: bool = False
+
+    def fresh(self, prefix: str) -> str:
+        return f"{prefix}{next(self.counter)}"
+
+    def add_state(self, prefix: str, entry: dict) -> str:
+        name = self.fresh(prefix)
+        entry.setdefault("seed", next(self.seeds))
+        self.state[name] = entry
+        setattr(self.meta_self, name, _meta_state(entry))
+        return name
+
+
+class GraphDraft:
+    """One method body (or control-flow body) being drawn."""
+
+    def __init__(self, program: ProgramDraft, inputs: list[Value]):
+        self.program = program
+        self.values: list[Value] = list(inputs)
+        self.inputs = list(inputs)
+        self.nodes: list[dict] = []
+        self.consumed: set[str] = set()
+
+    def pick(self, draw, accept: Callable[[Value], bool] = lambda v: True) -> Optional[Value]:
+        """A value accepted by ``accept``, preferring recent ones (chains);
+        shrinks toward the most recent."""
+        candidates = [v for v in self.values if accept(v)]
+        if not candidates:
+            return None
+        return candidates[-1 - draw(st.integers(0, len(candidates) - 1))]
+
+    def infer(self, node: dict, args: list[Value]) -> Optional[tuple[int, ...]]:
+        env = {"torch": torch, "F": F, "self": self.program.meta_self}
+        env.update({v.name: torch.empty(v.shape, device="meta") for v in args})
+        try:
+            out = eval(ops.render(node, [v.name for v in args]), env)
+        except Exception as exc:  # a strategy drew an invalid combination
+            event(f"strategy rejected {node['op']}: {type(exc).__name__}")
+            return None
+        return tuple(out.shape)
+
+    def add(self, op: str, args: list[Value], attrs: Optional[dict] = None,
+            state: Optional[str] = None) -> Optional[Value]:
+        node = {"id": self.program.fresh("v"), "op": op, "args": [v.name for v in args]}
+        if attrs:
+            node["attrs"] = attrs
+        if state:
+            node["state"] = state
+        shape = self.infer(node, args)
+        if shape is None or not all(shape) or _numel(shape) > MAX_NUMEL:
+            return None
+        return self.add_node(node, args, shape)
+
+    def add_node(self, node: dict, args: list[Value], shape: tuple[int, ...]) -> Value:
+        self.nodes.append(node)
+        self.consumed.update(v.name for v in args)
+        value = Value(node["id"], shape)
+        self.values.append(value)
+        event(f"op: {node['op']}")
+        return value
+
+    def leaves(self) -> list[str]:
+        """Values nobody consumed: the outputs, so no drawn node is dead code."""
+        input_names = {v.name for v in self.inputs}
+        return [v.name for v in self.values if v.name not in self.consumed and v.name not in input_names]
+
+
+def _numel(shape) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n

@@ -1,0 +1,513 @@
+"""One small strategy per op: draw its arguments (keyword arguments included,
+non-default values as often as defaults) so the call is valid for its input.
+
+Each drawer returns the new Value, or None when the drawn combination did not
+fit (rare; counted through ``event``). Drawers read shapes from the draft and
+do not filter: constraints are built into the ranges they draw from.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+from hypothesis import strategies as st
+
+from etprop.strategies.graph import GraphDraft, Value
+
+Drawer = Callable[[Callable, GraphDraft], Optional[Value]]
+
+
+def _maybe(draw, value, default=None):
+    """The value or the default, equally often; shrinks to the default."""
+    return value if draw(st.booleans()) else default
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# -- computed weights ---------------------------------------------------------
+
+def parametrizations(draw, shape: tuple[int, ...], always: bool = False) -> list[dict]:
+    """How a weight of ``shape`` is computed: an optional storage form
+    (weight_norm, spectral_norm, low-rank factors, stored transposed or flat)
+    followed by shape-preserving steps (scale, a second parameter, a buffer).
+    Torch chains parametrizations only in that order."""
+    storage = [None, "weight_norm", "scale"]
+    if len(shape) >= 2:
+        storage += ["spectral_norm", "reshape"]
+    if len(shape) == 2:
+        storage += ["low_rank", "transpose"]
+    result = []
+    first = draw(st.sampled_from(storage[1:] if always else storage))
+    if first == "weight_norm":
+        result.append({"type": first, "dim": draw(st.integers(-1, len(shape) - 1))})
+    elif first == "spectral_norm":
+        result.append({"type": first, "n_power_iterations": draw(st.integers(1, 3)),
+                       "dim": draw(st.sampled_from([None, 1]))})
+    elif first == "low_rank":
+        result.append({"type": first, "rank": draw(st.integers(1, min(shape)))})
+    elif first == "scale":
+        result.append({"type": first, "factor": draw(st.sampled_from([0.5, 2.0, -1.0]))})
+    elif first is not None:
+        result.append({"type": first})
+    for _ in range(draw(st.integers(0, 2 if first else 0))):
+        kind = draw(st.sampled_from(["scale", "add_delta", "buffer_scale"]))
+        step: dict = {"type": kind}
+        if kind == "scale":
+            step["factor"] = draw(st.sampled_from([0.5, 2.0, -1.0]))
+        else:
+            step["seed"] = draw(st.integers(0, 1000))
+        result.append(step)
+    return result
+
+
+def _weight(draw, g: GraphDraft, shape: tuple[int, ...], computed_bias: bool = False) -> str:
+    """A weight holder for a functional GEMM: reuse one of the right shape
+    (a shared source) or make a new one, computed or not."""
+    existing = [n for n, e in g.program.state.items()
+                if e["kind"] == "weight" and tuple(e["shape"]) == tuple(shape)]
+    if existing and draw(st.integers(0, 3)) == 0:
+        return draw(st.sampled_from(existing))
+    fan_in = 1
+    for d in shape[1:] or shape:
+        fan_in *= d
+    entry = {"kind": "weight", "shape": list(shape), "scale": round(1.0 / fan_in ** 0.5, 4)}
+    computed = parametrizations(draw, shape, always=g.program.computed_weights and len(shape) > 1)
+    if computed:
+        entry["parametrizations"] = computed
+    return g.program.add_state("w", entry)
+
+
+def _layer_params(draw, g: GraphDraft, weight_shape, bias: bool) -> list[dict]:
+    result = [dict(p, on="weight") for p in parametrizations(draw, weight_shape, g.program.computed_weights)]
+    if bias and draw(st.integers(0, 4)) == 0:
+        result.append({"type": draw(st.sampled_from(["scale", "add_delta"])), "on": "bias",
+                       "factor": 2.0, "seed": 7})
+    return result
+
+
+def _new_or_reused_layer(draw, g: GraphDraft, layer_type: str, kwargs: dict,
+                         weight_shape: tuple[int, ...]) -> str:
+    """Reuse an identical layer now and then (one module called at several places)."""
+    for name, entry in g.program.state.items():
+        if entry.get("type") == layer_type and entry["kwargs"] == kwargs and draw(st.integers(0, 2)) == 0:
+            return name
+    entry = {"kind": "layer", "type": layer_type, "kwargs": kwargs}
+    params = _layer_params(draw, g, weight_shape, kwargs.get("bias", True))
+    if params:
+        entry["parametrizations"] = params
+    return g.program.add_state("l", entry)
+
+
+# -- GEMMs ----------------------------------------------------------------------
+
+def draw_linear(draw, g):
+    x = g.pick(draw, lambda v: 1 <= v.rank <= 4)
+    if x is None:
+        return None
+    out = draw(st.integers(1, 16))
+    bias = draw(st.booleans())
+    kwargs = {"in_features": x.shape[-1], "out_features": out, "bias": bias}
+    if draw(st.booleans()):
+        name = _new_or_reused_layer(draw, g, "Linear", kwargs, (out, x.shape[-1]))
+        return g.add("layer", [x], state=name)
+    attrs = {}
+    if bias:
+        attrs["bias_state"] = _weight(draw, g, (out,))
+    return g.add("linear", [x], attrs, state=_weight(draw, g, (out, x.shape[-1])))
+
+
+def _conv_kwargs(draw, x: Value, dims: int, transposed: bool) -> Optional[dict]:
+    c_in = x.shape[1]
+    spatial = x.shape[2:]
+    groups = draw(st.sampled_from(_divisors(c_in)))
+    depthwise = groups == c_in and draw(st.booleans())
+    c_out = c_in * draw(st.integers(1, 2)) if depthwise else groups * draw(st.integers(1, max(1, 8 // groups)))
+    kernel = [draw(st.integers(1, max(1, min(5, s)))) for s in spatial]
+    dilation = [draw(st.integers(1, 2)) if k > 1 and (k - 1) * 2 + 1 <= s else 1
+                for k, s in zip(kernel, spatial)]
+    stride = [draw(st.integers(1, 3)) for _ in spatial]
+    kwargs = {"in_channels": c_in, "out_channels": c_out, "groups": groups,
+              "bias": draw(st.booleans())}
+    if transposed:
+        padding = [draw(st.integers(0, d * (k - 1) // 2)) for k, d in zip(kernel, dilation)]
+        output_padding = [draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation)]
+        kwargs.update(output_padding=output_padding if dims > 1 else output_padding[0])
+    else:
+        mode = draw(st.sampled_from(["int", "same", "valid"]))
+        if mode == "same":
+            stride = [1] * dims
+            padding = "same"
+        elif mode == "valid":
+            padding = "valid"
+        else:
+            padding = [draw(st.integers(0, d * (k - 1) // 2)) for k, d in zip(kernel, dilation)]
+        if padding != "valid" and padding != [0] * dims:
+            pad_mode = draw(st.sampled_from(["zeros", "zeros", "reflect", "replicate", "circular"]))
+            if pad_mode == "reflect" and padding != "same" and any(p >= s for p, s in zip(padding, spatial)):
+                pad_mode = "zeros"
+            if pad_mode != "zeros" and padding == "same":
+                pad_mode = "zeros"
+            kwargs["padding_mode"] = pad_mode
+    scalar = dims == 1 or draw(st.booleans())
+    pick = (lambda v: v[0]) if dims == 1 else (lambda v: v if not scalar or len(set(v)) > 1 else v[0])
+    kwargs.update(kernel_size=pick(kernel), stride=pick(stride), dilation=pick(dilation),
+                  padding=padding if isinstance(padding, str) else pick(padding))
+    return kwargs
+
+
+def _draw_conv(dims: int, transposed: bool) -> Drawer:
+    layer_type = f"ConvTranspose{dims}d" if transposed else f"Conv{dims}d"
+
+    def draw_conv(draw, g):
+        x = g.pick(draw, lambda v: v.rank == dims + 2 and v.shape[1] <= 16)
+        if x is None:
+            return None
+        kwargs = _conv_kwargs(draw, x, dims, transposed)
+        ksize = kwargs["kernel_size"] if isinstance(kwargs["kernel_size"], list) else [kwargs["kernel_size"]] * dims
+        if transposed:
+            wshape = (kwargs["in_channels"], kwargs["out_channels"] // kwargs["groups"], *ksize)
+        else:
+            wshape = (kwargs["out_channels"], kwargs["in_channels"] // kwargs["groups"], *ksize)
+        if kwargs.get("padding_mode", "zeros") != "zeros" or draw(st.booleans()):
+            name = _new_or_reused_layer(draw, g, layer_type, kwargs, wshape)
+            return g.add("layer", [x], state=name)
+        attrs = {k: kwargs[k] for k in ("stride", "padding", "dilation", "groups", "output_padding") if k in kwargs}
+        if kwargs["bias"]:
+            attrs["bias_state"] = _weight(draw, g, (kwargs["out_channels"],))
+        op = f"conv_transpose{dims}d" if transposed else f"conv{dims}d"
+        return g.add(op, [x], attrs, state=_weight(draw, g, wshape))
+    return draw_conv
+
+
+def draw_addmm(draw, g):
+    x = g.pick(draw, lambda v: v.rank == 2)
+    if x is None:
+        return None
+    n, k = x.shape
+    m = draw(st.integers(1, 16))
+    bias_shape = draw(st.sampled_from([(m,), (n, m), (1, m)]))
+    attrs = {"bias_state": _weight(draw, g, bias_shape)}
+    for kw in ("beta", "alpha"):
+        value = _maybe(draw, draw(st.sampled_from([0.5, 2.0, -1.0, 0.0])))
+        if value is not None:
+            attrs[kw] = value
+    return g.add("addmm", [x], attrs, state=_weight(draw, g, (k, m)))
+
+
+def draw_mm(draw, g):
+    x = g.pick(draw, lambda v: v.rank == 2)
+    if x is None:
+        return None
+    return g.add("mm", [x], state=_weight(draw, g, (x.shape[1], draw(st.integers(1, 16)))))
+
+
+def draw_bmm(draw, g):
+    x = g.pick(draw, lambda v: v.rank == 3)
+    if x is None:
+        return None
+    b, _, k = x.shape
+    return g.add("bmm", [x], state=_weight(draw, g, (b, k, draw(st.integers(1, 16)))))
+
+
+def draw_matmul(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 1)
+    if x is None:
+        return None
+    shape = draw(st.sampled_from([(x.shape[-1], draw(st.integers(1, 16))), (x.shape[-1],)]))
+    return g.add("matmul", [x], state=_weight(draw, g, shape))
+
+
+# -- elementwise, activations ------------------------------------------------------
+
+def _unary(op: str, **kw_strategies) -> Drawer:
+    def draw_unary(draw, g):
+        x = g.pick(draw)
+        attrs = {}
+        for name, strategy in kw_strategies.items():
+            value = _maybe(draw, draw(strategy))
+            if value is not None:
+                attrs[name] = value
+        if op == "clamp" and attrs.get("min") is not None and attrs.get("max") is not None \
+                and attrs["min"] > attrs["max"]:
+            attrs["min"], attrs["max"] = attrs["max"], attrs["min"]
+        if op == "hardtanh" and attrs.get("min_val", -1.0) >= attrs.get("max_val", 1.0):
+            attrs.pop("min_val", None)
+            attrs.pop("max_val", None)
+        return g.add(op, [x], attrs)
+    return draw_unary
+
+
+def _broadcastable(a: tuple, b: tuple) -> bool:
+    return all(x == y or x == 1 or y == 1 for x, y in zip(reversed(a), reversed(b)))
+
+
+def _binary(op: str, **kw_strategies) -> Drawer:
+    def draw_binary(draw, g):
+        x = g.pick(draw)
+        attrs = {}
+        for name, strategy in kw_strategies.items():
+            value = _maybe(draw, draw(strategy))
+            if value is not None:
+                attrs[name] = value
+        source = draw(st.sampled_from(["value", "state", "scalar"]))
+        if source == "value":
+            other = g.pick(draw, lambda v: v.name != x.name and _broadcastable(x.shape, v.shape)
+                           and len(v.shape) <= len(x.shape))
+            if other is not None:
+                return g.add(op, [x, other], attrs)
+        if source == "scalar" and op not in ("maximum", "minimum"):
+            attrs["scalar"] = draw(st.sampled_from([0.5, 2.0, -3.0, 1.0]))
+            return g.add(op, [x], attrs)
+        shape = list(x.shape[draw(st.integers(0, len(x.shape))):])
+        kind = draw(st.sampled_from(["parameter", "buffer", "constant"]))
+        entry = {"kind": kind, "shape": shape, "scale": 1.0}
+        if op == "div":
+            entry["scale"] = 1.0
+        return g.add(op, [x], attrs, state=g.program.add_state(kind[0], entry))
+    return draw_binary
+
+
+# -- reductions, softmax, views -------------------------------------------------------
+
+def _reduction(op: str) -> Drawer:
+    def draw_reduction(draw, g):
+        x = g.pick(draw, lambda v: v.rank >= 1)
+        if x is None:
+            return None
+        dims = draw(st.lists(st.integers(-x.rank, x.rank - 1), min_size=1, max_size=x.rank,
+                             unique_by=lambda d: d % x.rank))
+        attrs = {"dim": dims[0] if len(dims) == 1 and draw(st.booleans()) else dims}
+        keepdim = _maybe(draw, True, None)
+        if keepdim or x.rank == len(dims):
+            attrs["keepdim"] = True
+        if op == "var":
+            attrs["correction"] = draw(st.sampled_from([0, 1]))
+            if attrs["correction"] == 1 and all(x.shape[d] == 1 for d in dims):
+                attrs["correction"] = 0
+        return g.add(op, [x], attrs)
+    return draw_reduction
+
+
+def _softmax(op: str) -> Drawer:
+    def draw_softmax(draw, g):
+        x = g.pick(draw, lambda v: v.rank >= 1)
+        if x is None:
+            return None
+        return g.add(op, [x], {"dim": draw(st.integers(-x.rank, x.rank - 1))})
+    return draw_softmax
+
+
+def draw_reshape(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 1)
+    if x is None:
+        return None
+    remaining, shape = x.numel, []
+    for _ in range(draw(st.integers(0, 3))):
+        d = draw(st.sampled_from(_divisors(remaining)))
+        shape.append(d)
+        remaining //= d
+    shape.append(remaining if not shape or draw(st.booleans()) else -1)
+    return g.add("reshape", [x], {"shape": shape})
+
+
+def draw_permute(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 2)
+    if x is None:
+        return None
+    return g.add("permute", [x], {"dims": draw(st.permutations(range(x.rank)))})
+
+
+def draw_transpose(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 2)
+    if x is None:
+        return None
+    return g.add("transpose", [x], {"dim0": draw(st.integers(0, x.rank - 1)),
+                                     "dim1": draw(st.integers(-x.rank, x.rank - 1))})
+
+
+def draw_flatten(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 2)
+    if x is None:
+        return None
+    start = draw(st.integers(0, x.rank - 1))
+    return g.add("flatten", [x], {"start_dim": start, "end_dim": draw(st.integers(start, x.rank - 1))})
+
+
+def draw_unsqueeze(draw, g):
+    x = g.pick(draw, lambda v: v.rank <= 3)
+    if x is None:
+        return None
+    return g.add("unsqueeze", [x], {"dim": draw(st.integers(-x.rank - 1, x.rank))})
+
+
+def draw_squeeze(draw, g):
+    x = g.pick(draw, lambda v: 1 in v.shape and v.rank >= 2)
+    if x is None:
+        return None
+    return g.add("squeeze", [x], {"dim": draw(st.sampled_from([i for i, d in enumerate(x.shape) if d == 1]))})
+
+
+def draw_slice(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 1 and max(v.shape) > 1)
+    if x is None:
+        return None
+    dim = draw(st.sampled_from([i for i, d in enumerate(x.shape) if d > 1]))
+    size = x.shape[dim]
+    start = draw(st.integers(-size, size - 1))
+    end = draw(st.sampled_from([None, size, draw(st.integers(1, size))]))
+    return g.add("slice", [x], {"dim": dim, "start": start, "end": end, "step": draw(st.integers(1, 3))})
+
+
+def draw_cat(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 1)
+    if x is None:
+        return None
+    dim = draw(st.integers(0, x.rank - 1))
+    same = lambda v: v.rank == x.rank and all(a == b for i, (a, b) in enumerate(zip(v.shape, x.shape)) if i != dim)
+    others = [g.pick(draw, same) for _ in range(draw(st.integers(1, 2)))]
+    return g.add("cat", [x] + others, {"dim": dim - x.rank if draw(st.booleans()) else dim})
+
+
+# -- pooling, normalization ---------------------------------------------------------------
+
+def _pool(op: str, dims: int) -> Drawer:
+    def draw_pool(draw, g):
+        x = g.pick(draw, lambda v: v.rank == dims + 2 and min(v.shape[2:]) >= 2)
+        if x is None:
+            return None
+        spatial = x.shape[2:]
+        kernel = [draw(st.integers(1, min(4, s))) for s in spatial]
+        attrs: dict = {"kernel_size": kernel[0] if dims == 1 else kernel}
+        stride = _maybe(draw, [draw(st.integers(1, 3)) for _ in spatial])
+        if stride:
+            attrs["stride"] = stride[0] if dims == 1 else stride
+        dilation = [1] * dims
+        if op.startswith("max") and draw(st.booleans()):
+            dilation = [draw(st.integers(1, 2)) if (k - 1) * 2 + 1 <= s else 1 for k, s in zip(kernel, spatial)]
+            attrs["dilation"] = dilation[0] if dims == 1 else dilation
+        padding = [draw(st.integers(0, ((k - 1) * d + 1) // 2)) for k, d in zip(kernel, dilation)]
+        if any(padding):
+            attrs["padding"] = padding[0] if dims == 1 else padding
+        if draw(st.booleans()):
+            attrs["ceil_mode"] = True
+        if op.startswith("avg"):
+            if draw(st.booleans()):
+                attrs["count_include_pad"] = False
+            if dims == 2 and draw(st.integers(0, 3)) == 0:
+                attrs["divisor_override"] = draw(st.integers(1, 5))
+        return g.add(op, [x], attrs)
+    return draw_pool
+
+
+def draw_adaptive_avg_pool2d(draw, g):
+    x = g.pick(draw, lambda v: v.rank == 4)
+    if x is None:
+        return None
+    size = [draw(st.integers(1, s)) for s in x.shape[2:]]
+    return g.add("adaptive_avg_pool2d", [x], {"output_size": size})
+
+
+def draw_layer_norm(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 2)
+    if x is None:
+        return None
+    shape = list(x.shape[-draw(st.integers(1, min(2, x.rank - 1))):])
+    kwargs = {"normalized_shape": shape, "eps": draw(st.sampled_from([1e-5, 1e-3])),
+              "elementwise_affine": draw(st.booleans())}
+    if kwargs["elementwise_affine"] and draw(st.booleans()):
+        kwargs["bias"] = False
+    return g.add("layer", [x], state=g.program.add_state("n", {"kind": "layer", "type": "LayerNorm",
+                                                                 "kwargs": kwargs}))
+
+
+def draw_batch_norm(draw, g):
+    x = g.pick(draw, lambda v: 2 <= v.rank <= 4)
+    if x is None:
+        return None
+    layer_type = "BatchNorm2d" if x.rank == 4 else "BatchNorm1d"
+    kwargs = {"num_features": x.shape[1], "eps": draw(st.sampled_from([1e-5, 1e-3])),
+              "affine": draw(st.booleans())}
+    return g.add("layer", [x], state=g.program.add_state("n", {"kind": "layer", "type": layer_type,
+                                                                 "kwargs": kwargs}))
+
+
+def draw_group_norm(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 3)
+    if x is None:
+        return None
+    channels = x.shape[1]
+    kwargs = {"num_groups": draw(st.sampled_from(_divisors(channels))), "num_channels": channels,
+              "eps": draw(st.sampled_from([1e-5, 1e-3])), "affine": draw(st.booleans())}
+    return g.add("layer", [x], state=g.program.add_state("n", {"kind": "layer", "type": "GroupNorm",
+                                                                 "kwargs": kwargs}))
+
+
+FLOATS = st.sampled_from([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0])
+
+# Order matters for shrinking: Hypothesis shrinks a choice toward the first
+# entry, so the simplest ops come first.
+DRAWERS: list[tuple[str, Drawer]] = [
+    ("relu", _unary("relu")),
+    ("neg", _unary("neg")),
+    ("abs", _unary("abs")),
+    ("sigmoid", _unary("sigmoid")),
+    ("tanh", _unary("tanh")),
+    ("gelu", _unary("gelu", approximate=st.sampled_from(["tanh"]))),
+    ("silu", _unary("silu")),
+    ("hardswish", _unary("hardswish")),
+    ("hardsigmoid", _unary("hardsigmoid")),
+    ("hardtanh", _unary("hardtanh", min_val=st.sampled_from([-2.0, -0.5, 0.0]),
+                        max_val=st.sampled_from([0.5, 1.0, 6.0]))),
+    ("leaky_relu", _unary("leaky_relu", negative_slope=st.sampled_from([0.2, 0.0, 1.5]))),
+    ("elu", _unary("elu", alpha=st.sampled_from([0.5, 2.0]))),
+    ("softplus", _unary("softplus", beta=st.sampled_from([0.5, 2.0]), threshold=st.sampled_from([5.0, 30.0]))),
+    ("clamp", _unary("clamp", min=FLOATS, max=FLOATS)),
+    ("square", _unary("square")),
+    ("sqrt_abs", _unary("sqrt_abs")),
+    ("exp_bounded", _unary("exp_bounded")),
+    ("floor", _unary("floor")),
+    ("ceil", _unary("ceil")),
+    ("round", _unary("round")),
+    ("add", _binary("add", alpha=st.sampled_from([2.0, -1.0, 0.5]))),
+    ("sub", _binary("sub", alpha=st.sampled_from([2.0, -1.0, 0.5]))),
+    ("mul", _binary("mul")),
+    ("maximum", _binary("maximum")),
+    ("minimum", _binary("minimum")),
+    ("linear", draw_linear),
+    ("conv1d", _draw_conv(1, False)),
+    ("conv2d", _draw_conv(2, False)),
+    ("conv_transpose1d", _draw_conv(1, True)),
+    ("conv_transpose2d", _draw_conv(2, True)),
+    ("addmm", draw_addmm),
+    ("mm", draw_mm),
+    ("bmm", draw_bmm),
+    ("matmul", draw_matmul),
+    ("sum", _reduction("sum")),
+    ("mean", _reduction("mean")),
+    ("amax", _reduction("amax")),
+    ("amin", _reduction("amin")),
+    ("var", _reduction("var")),
+    ("softmax", _softmax("softmax")),
+    ("log_softmax", _softmax("log_softmax")),
+    ("reshape", draw_reshape),
+    ("permute", draw_permute),
+    ("transpose", draw_transpose),
+    ("flatten", draw_flatten),
+    ("unsqueeze", draw_unsqueeze),
+    ("squeeze", draw_squeeze),
+    ("slice", draw_slice),
+    ("cat", draw_cat),
+    ("max_pool1d", _pool("max_pool1d", 1)),
+    ("max_pool2d", _pool("max_pool2d", 2)),
+    ("avg_pool1d", _pool("avg_pool1d", 1)),
+    ("avg_pool2d", _pool("avg_pool2d", 2)),
+    ("adaptive_avg_pool2d", draw_adaptive_avg_pool2d),
+    ("layer_norm", draw_layer_norm),
+    ("batch_norm", draw_batch_norm),
+    ("group_norm", draw_group_norm),
+]
+GEMM_DRAWERS = [d for d in DRAWERS if d[0] in
+                ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm",
+                 "matmul")]
