@@ -1,0 +1,342 @@
+"""Running ExecuTorch programs with Core AI delegates on Linux.
+
+The ExecuTorch runtime in executorch 1.5.1 has no Core AI backend, so a .pte
+whose delegates are Core AI cannot run there. Apple's coreai-core wheel does
+run Core AI bundles on Linux CPU. :class:`CoreAIProgram` bridges the two: it
+interprets the lowered method graph on CPU, as ExecuTorch would, and hands
+each ``executorch_call_delegate`` to the Core AI runtime.
+
+Isolation: a crash inside the Core AI runtime (native code) takes down the
+process that calls it. Callers that must survive one run this inside the
+pipeline's worker process; nothing here guards against it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Optional, Sequence
+
+import torch
+
+# The Core AI backend's id on lowered modules, and the single graph each
+# delegate's bundle holds (executorch.backends.apple.coreai.compiler.constants).
+COREAI_BACKEND_ID = "CoreAIBackend"
+_ENTRYPOINT = "main"
+
+
+def coreai_tolerance(dtype: torch.dtype) -> tuple[float, float]:
+    """Base (rtol, atol) for Core AI delegates run on Linux CPU (coreai-core 1.0.0b2).
+
+    Measured on x86-64 against a float64 reference, error as max|err|/max|ref|:
+
+    - float32 computes in float32: Linear(1024->64) 1.0e-6 (eager 4.3e-7;
+      float16 rounding of the inputs alone gives 2.8e-4); sum over 4096 1.2e-6
+      (eager 1.1e-7, a different summation order); exp/sigmoid/gelu/div
+      within 1-2 ulp of eager. The shared float32 policy holds.
+    - float16 GEMMs accumulate in float16: Linear error grows with the inner
+      dimension K, 9e-4 at K=16 to 1.25e-2 at K=4096 (eager stays at 2.6e-4,
+      one output rounding). Reductions (sum) match eager bit for bit. So
+      atol is 2e-2 of the output scale, not 1e-2: it covers K <= 4096.
+    - bfloat16 GEMMs accumulate wider: 3e-3 to 4.8e-3 over K=16..4096, about
+      twice eager's output rounding; sums match eager bit for bit. The shared
+      bfloat16 policy holds.
+    """
+    from etprop.oracles.tolerance import BASE
+
+    if dtype == torch.float16:
+        return 1e-2, 2e-2
+    return BASE.get(dtype, (0.0, 0.0))
+
+
+def _manifest(lowered) -> dict:
+    return json.loads(bytes(lowered.processed_bytes).decode("utf-8"))
+
+
+def coreai_delegates(et_program) -> dict[str, Any]:
+    """``"<method>/<lowered module name>"`` -> LoweredBackendModule, Core AI only."""
+    found = {}
+    for method in sorted(et_program.methods):
+        gm = et_program.exported_program(method).graph_module
+        for name, sub in gm.named_children():
+            if getattr(sub, "backend_id", None) == COREAI_BACKEND_ID:
+                found[f"{method}/{name}"] = sub
+    return found
+
+
+def bundle_hashes(et_program) -> dict[str, str]:
+    """``"<method>/<lowered module name>"`` -> the bundle hash in its manifest.
+
+    The hash is coreai's ``main.hash``: the sha256 of the bundle's bytecode
+    (``main.mlirb``), and it names the bundle's keys in the named data.
+    """
+    return {key: _manifest(lm)["hash"] for key, lm in coreai_delegates(et_program).items()}
+
+
+def _named_data_of(et_program, pte: Optional[bytes]) -> dict[str, bytes]:
+    """Every named blob the program carries, key -> bytes.
+
+    The .pte's own named data comes first: deserializing the bytes that ship
+    (a few ms) means a bundle that does not survive serialization fails here
+    rather than passing from the in-memory copy. The in-memory store
+    (``ExecutorchProgramManager._named_data`` in 1.5.1) adds external data
+    (.ptd) the .pte only refers to.
+    """
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    blobs: dict[str, bytes] = {}
+    memory = getattr(et_program, "_named_data", None)
+    if memory is not None:
+        for entries in memory.external_data.values():
+            for key, entry in entries.items():
+                blobs[key] = bytes(memory.buffers[entry.buffer_index])
+    shipped = deserialize_pte_binary(pte if pte is not None else et_program.buffer).named_data
+    if shipped is not None:
+        for key, entry in shipped.pte_data.items():
+            blobs[key] = bytes(shipped.buffers[entry.buffer_index])
+    return blobs
+
+
+def bundle_files(et_program, pte: Optional[bytes] = None) -> dict[str, dict[str, bytes]]:
+    """``"<method>/<lowered module name>"`` -> {bundle-relative path: bytes}, inline bundles."""
+    blobs = _named_data_of(et_program, pte)
+    files = {}
+    for key, lowered in coreai_delegates(et_program).items():
+        manifest = _manifest(lowered)
+        files[key] = {rel: blobs[f"coreai/{manifest['hash']}/{rel}"] for rel in manifest.get("files", [])}
+    return files
+
+
+@dataclass
+class _Loaded:
+    """One bundle, loaded once: its callable and the graph's I/O names in order."""
+
+    function: Any
+    input_names: list[str]
+    output_names: list[str]
+
+
+def _io_names(asset) -> tuple[list[str], list[str]]:
+    """The bundle graph's argument and result names, in graph order.
+
+    The runtime takes and returns dicts keyed by these names; the order is
+    what ties them to the delegate's positional inputs and outputs.
+    """
+    graph = asset.program.get_graph(_ENTRYPOINT)
+    if graph is None:
+        raise RuntimeError(f"Core AI bundle at {asset.path} has no '{_ENTRYPOINT}' graph")
+
+    def names(attrs) -> list[str]:
+        return [attr["coreai.name"].value for attr in attrs]
+
+    return names(graph.arg_attrs), names(graph.res_attrs)
+
+
+def _to_torch(array) -> torch.Tensor:
+    """A Core AI output as a torch tensor that owns its memory.
+
+    numpy has no bfloat16; coreai hands those back as ml_dtypes.bfloat16,
+    which torch cannot import, so they cross as their bit patterns.
+    """
+    data = array.numpy()
+    if data.dtype.name == "bfloat16":
+        return torch.from_numpy(data.view("uint16").copy()).view(torch.bfloat16)
+    return torch.from_numpy(data.copy())
+
+
+class CoreAIProgram:
+    """Runs every method of an ``ExecutorchProgramManager`` with Core AI delegates.
+
+    It interprets the ExecuTorch-dialect graph (``et_program.exported_program``)
+    rather than the edge graph: that is the graph that gets emitted, after the
+    to_executorch passes (out variants, ``memory.alloc``, ``executorch_prim``
+    scalar ops), and all of it runs as plain Python/ATen. ``memory.alloc`` makes
+    a fresh tensor, so aliasing from memory planning is not reproduced; the
+    portable flow's run in the real runtime covers that.
+
+    Bundles are written once per program into a private temp dir, keyed by
+    their manifest hash (delegates with one hash share one bundle), loaded
+    once, and kept loaded on an event loop this object owns, across calls and
+    methods. Call :meth:`close` (or use ``with``) to release them.
+
+    Mutable buffers start each run from their initial values, as a freshly
+    loaded ExecuTorch method does.
+    """
+
+    def __init__(self, et_program, pte: Optional[bytes] = None, sidecar_dir: Optional[str] = None):
+        """``pte``: .pte bytes to take bundles from instead of ``et_program.buffer``
+        (a test hands in a tampered copy). ``sidecar_dir``: where sidecar bundles
+        were written at build time."""
+        self._program = et_program
+        self._pte = pte
+        self._sidecar_dir = Path(sidecar_dir) if sidecar_dir else None
+        self._blobs: Optional[dict[str, bytes]] = None
+        self._dir: Optional[Path] = None
+        self._bundles: dict[str, Path] = {}
+        self._loaded: dict[str, _Loaded] = {}
+        self._loop: Optional[asyncio.AbstractEventLoop] = None
+        self._stack: Optional[contextlib.AsyncExitStack] = None
+
+    def __enter__(self) -> "CoreAIProgram":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __del__(self):
+        with contextlib.suppress(Exception):
+            self.close()
+
+    def close(self) -> None:
+        """Unload every bundle and delete the temp dir; safe to call twice."""
+        if self._loop is not None:
+            if self._stack is not None:
+                self._loop.run_until_complete(self._stack.aclose())
+            self._loop.close()
+        self._loop = self._stack = None
+        self._loaded.clear()
+        self._bundles.clear()
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    # Bundles ---------------------------------------------------------------
+
+    def bundle_path(self, manifest: dict) -> Path:
+        """The on-disk ``.aimodel`` for a manifest, written on first use."""
+        model_hash = manifest["hash"]
+        if model_hash in self._bundles:
+            return self._bundles[model_hash]
+        packaging = manifest.get("packaging")
+        if packaging == "inline":
+            if self._blobs is None:
+                self._blobs = _named_data_of(self._program, self._pte)
+            if self._dir is None:
+                self._dir = Path(tempfile.mkdtemp(prefix="etprop-coreai-"))
+            root = self._dir / model_hash
+            for rel in manifest["files"]:
+                key = f"coreai/{model_hash}/{rel}"
+                if key not in self._blobs:
+                    raise RuntimeError(f"Core AI bundle file '{key}' is missing from the program's named data")
+                target = root / rel
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(self._blobs[key])
+            path = self._dir / manifest["path"]
+        elif packaging == "sidecar":
+            if self._sidecar_dir is None:
+                raise RuntimeError("sidecar Core AI bundle: pass sidecar_dir= (the build's COREAI_SIDECAR_DIR)")
+            path = self._sidecar_dir / manifest["path"]
+        else:
+            raise NotImplementedError(
+                f"Core AI packaging '{packaging}' (AOT-compiled .aimodelc) does not run on Linux")
+        self._bundles[model_hash] = path
+        return path
+
+    def _run_async(self, coro):
+        if self._loop is None:
+            self._loop = asyncio.new_event_loop()
+            self._stack = contextlib.AsyncExitStack()
+        return self._loop.run_until_complete(coro)
+
+    def _load(self, manifest: dict) -> _Loaded:
+        model_hash = manifest["hash"]
+        if model_hash not in self._loaded:
+            from coreai.authoring import AIModelAsset
+
+            asset = AIModelAsset.load(self.bundle_path(manifest))
+            inputs, outputs = _io_names(asset)
+
+            async def enter():
+                return await self._stack.enter_async_context(asset.executable())
+
+            model = self._run_async(enter())
+            self._loaded[model_hash] = _Loaded(model.load_function(_ENTRYPOINT), inputs, outputs)
+        return self._loaded[model_hash]
+
+    # Execution -------------------------------------------------------------
+
+    def call_delegate(self, lowered, args: Sequence[Any], state: dict) -> tuple:
+        """Run one Core AI delegate on positional ``args``; returns its outputs.
+
+        The bundle's graph takes the delegate program's user inputs plus the
+        buffers it mutates (in input-spec order) and returns every output of
+        that program, mutations first. ExecuTorch passes only the user inputs
+        and receives only the user outputs; mutated buffers the delegate owns
+        live in ``state`` for the rest of the run.
+        """
+        from coreai.runtime import NDArray
+        from torch.export.graph_signature import InputKind, OutputKind
+
+        if getattr(lowered, "backend_id", None) != COREAI_BACKEND_ID:
+            raise NotImplementedError(f"delegate backend '{lowered.backend_id}' cannot run in CoreAIProgram")
+        loaded = self._load(_manifest(lowered))
+        sub = lowered.original_module
+        signature = sub.graph_signature
+        mutated = set(signature.buffers_to_mutate.values())
+        pending = iter(args)
+        feed = []
+        for spec in signature.input_specs:
+            if spec.kind == InputKind.USER_INPUT:
+                feed.append(next(pending))
+            elif spec.kind == InputKind.BUFFER and spec.target in mutated:
+                key = (id(lowered), spec.target)
+                if key not in state:
+                    state[key] = sub.state_dict[spec.target].clone()
+                feed.append(state[key])
+        if len(feed) != len(loaded.input_names):
+            raise RuntimeError(f"delegate feeds {len(feed)} inputs; its bundle takes {len(loaded.input_names)}")
+        inputs = {name: NDArray(value.detach().contiguous())
+                  for name, value in zip(loaded.input_names, feed)}
+        results = self._run_async(loaded.function(inputs))
+        produced = [_to_torch(results[name]) for name in loaded.output_names]
+        if len(produced) != len(signature.output_specs):
+            raise RuntimeError(f"bundle returns {len(produced)} outputs; the delegate program has "
+                               f"{len(signature.output_specs)}")
+        user = []
+        for spec, value in zip(signature.output_specs, produced):
+            if spec.kind == OutputKind.BUFFER_MUTATION:
+                state[(id(lowered), spec.target)] = value
+            else:
+                user.append(value)
+        return tuple(user)
+
+    def run(self, method: str, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        """Run a whole method: CPU nodes as ExecuTorch would, delegates on Core AI."""
+        from torch.export.graph_signature import InputKind, OutputKind
+
+        ep = self._program.exported_program(method)
+        signature = ep.graph_signature
+        user = iter(inputs)
+        values = []
+        for spec in signature.input_specs:
+            if spec.kind == InputKind.USER_INPUT:
+                values.append(next(user))
+            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
+                source = ep.state_dict if spec.target in ep.state_dict else ep.constants
+                values.append(source[spec.target].clone())
+            elif spec.kind in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
+                values.append(ep.constants[spec.target])
+            else:
+                raise NotImplementedError(f"input kind {spec.kind} in method '{method}'")
+        outputs = _Interpreter(ep.graph_module, self).run(*values)
+        return [value for spec, value in zip(signature.output_specs, outputs)
+                if spec.kind == OutputKind.USER_OUTPUT]
+
+
+class _Interpreter(torch.fx.Interpreter):
+    """Runs ExecuTorch-dialect nodes eagerly, delegates through the owner."""
+
+    def __init__(self, gm: torch.fx.GraphModule, owner: CoreAIProgram):
+        super().__init__(gm, garbage_collect_values=True)
+        self._owner = owner
+        self._state: dict = {}
+
+    def call_function(self, target, args, kwargs):
+        if target is torch.ops.higher_order.executorch_call_delegate:
+            return self._owner.call_delegate(args[0], args[1:], self._state)
+        return super().call_function(target, args, kwargs)
