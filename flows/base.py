@@ -16,6 +16,20 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Optional
 
 
+NO_PARTITIONER_RECIPE = """
+def partitioners():
+    return []
+
+
+def transform_passes():
+    return []
+
+
+def compile_config():
+    return None
+"""
+
+
 @dataclass(frozen=True)
 class Promises:
     """What a flow guarantees beyond matching eager."""
@@ -51,6 +65,10 @@ class Flow:
     promises: Promises = field(default_factory=Promises)
     # Families of programs the flow is meant for (None: every family).
     families: Optional[tuple[str, ...]] = None
+    # Python source defining partitioners(), transform_passes() and
+    # compile_config() (and make_runner(pte, edge) for non-ExecuTorch runtimes)
+    # for standalone repro scripts; stock flows need only torch and executorch.
+    repro_recipe: str = NO_PARTITIONER_RECIPE
 
     def unavailable_reason(self) -> Optional[str]:
         """None when usable here, else a one-line reason that names the fix."""

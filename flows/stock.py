@@ -9,6 +9,22 @@ from etprop.flows.base import Flow, Promises
 XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS = frozenset({"gemm_static_weight"})
 
 
+XNNPACK_RECIPE = """
+def partitioners():
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return [XnnpackPartitioner()]
+
+
+def transform_passes():
+    return []
+
+
+def compile_config():
+    return None
+"""
+
+
 def _xnnpack_partitioners() -> list:
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
@@ -25,5 +41,6 @@ XNNPACK = register(Flow(
     description="Stock XnnpackPartitioner from executorch 1.5.1",
     partitioners=_xnnpack_partitioners,
     baseline="portable",
+    repro_recipe=XNNPACK_RECIPE,
     promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS),
 ))

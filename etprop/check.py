@@ -1,0 +1,129 @@
+"""The property engine: one drawn spec, lowered once per flow, every oracle read
+from those lowerings, failures recorded before they can be lost.
+
+Order of events for an example:
+1. the spec is written to ``pending/`` (so a crash in native code later leaves it on disk);
+2. build, export once, lower once per flow (a baseline and a candidate share the export);
+3. every oracle reads the lowering(s);
+4. a failure is written to ``repros/`` (JSON + standalone script); the pending file goes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from etprop import builder, findings, pipeline, repro
+from etprop import spec as specmod
+from etprop.flows.base import Flow
+from etprop.oracles import Verdict
+from etprop.outcomes import Outcome
+
+# An oracle reads one flow's lowering; ``lowerings`` holds every flow's
+# lowering of the same program (for differential checks).
+Oracle = Callable[[pipeline.Lowering, dict], Verdict]
+
+
+@dataclass
+class FlowResult:
+    flow: str
+    outcome: Outcome
+    verdicts: list[Verdict] = field(default_factory=list)
+    known: Optional[str] = None   # id of the matching finding
+    seconds: dict = field(default_factory=dict)
+
+    @property
+    def message(self) -> str:
+        return "; ".join(str(v) for v in self.verdicts if not v.ok)
+
+
+@dataclass
+class ExampleResult:
+    prop: str
+    spec: dict
+    results: list[FlowResult]
+    repro: Optional[Path] = None
+    seconds: float = 0.0
+    executorch_seconds: float = 0.0
+
+    @property
+    def new_failures(self) -> list[FlowResult]:
+        return [r for r in self.results if r.outcome.is_failure and not r.known]
+
+
+class Artifacts:
+    """Where an example's evidence goes: pending/, repros/, results/."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        self.results_file = self.root / "results" / f"{worker}-{os.getpid()}.jsonl"
+
+    def pending(self, spec: dict, flows: list[str], prop: str) -> Path:
+        path = self.root / "pending" / f"{prop}--{specmod.digest(spec)}.json"
+        return repro.write(path, spec, flows, prop, outcome="pending", script=False)
+
+    def repro_path(self, prop: str, flow: str, outcome: Outcome) -> Path:
+        slug = outcome.value.replace(" ", "-")
+        return self.root / "repros" / f"{prop}--{flow.replace('+', '_')}--{slug}.json"
+
+    def record(self, result: ExampleResult) -> None:
+        self.results_file.parent.mkdir(parents=True, exist_ok=True)
+        line = {"property": result.prop, "digest": specmod.digest(result.spec),
+                "ops": sorted({n["op"] for _, n in specmod.all_nodes(result.spec)}),
+                "nodes": specmod.count_ops(result.spec), "seconds": round(result.seconds, 3),
+                "executorch_seconds": round(result.executorch_seconds, 3),
+                "repro": str(result.repro) if result.repro else None,
+                "flows": [{"flow": r.flow, "outcome": r.outcome.value, "known": r.known,
+                           "message": r.message[:2000]} for r in result.results]}
+        with open(self.results_file, "a") as handle:
+            handle.write(json.dumps(line) + "\n")
+
+
+def _flow_result(flow: Flow, lowering: pipeline.Lowering, oracles: list[Oracle], lowerings: dict) -> FlowResult:
+    if not lowering.ok:
+        verdict = Verdict.failed("lowering", lowering.error, lowering.outcome)
+        return FlowResult(flow.name, lowering.outcome, [verdict], seconds=dict(lowering.seconds))
+    verdicts = []
+    for oracle in oracles:
+        started = time.perf_counter()
+        verdict = oracle(lowering, lowerings)
+        lowering.seconds[f"oracle:{verdict.oracle}"] = time.perf_counter() - started
+        verdicts.append(verdict)
+    failed = [v for v in verdicts if not v.ok]
+    outcome = failed[0].outcome if failed else Outcome.PASS
+    return FlowResult(flow.name, outcome, verdicts, seconds=dict(lowering.seconds))
+
+
+def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
+                artifacts: Artifacts) -> ExampleResult:
+    """Check one spec on ``flows`` (baseline first, when comparing)."""
+    started = time.perf_counter()
+    flow_names = [f.name for f in flows]
+    pending = artifacts.pending(spec, flow_names, prop)
+    built = builder.build(spec, validate=False)
+    exported = pipeline.export_program(built)
+    lowerings = {}
+    for flow in flows:
+        lowerings[flow.name] = pipeline.lower(built, flow, exported)
+    results = [_flow_result(flow, lowerings[flow.name], oracles, lowerings) for flow in flows]
+    example = ExampleResult(prop, spec, results)
+    for result in results:
+        if result.outcome.is_failure:
+            finding = findings.match(result.flow, result.outcome.value, result.message)
+            result.known = finding.id if finding else None
+    for result in example.new_failures:
+        example.repro = repro.write(artifacts.repro_path(prop, result.flow, result.outcome), spec,
+                                    [f for f in flow_names if f != result.flow] + [result.flow],
+                                    prop, result.outcome.value, result.message)
+    example.seconds = time.perf_counter() - started
+    # Lowering stages plus oracle time (almost all of it running the program).
+    example.executorch_seconds = sum(
+        seconds for low in lowerings.values() for seconds in low.seconds.values())
+    artifacts.record(example)
+    pending.unlink(missing_ok=True)
+    return example

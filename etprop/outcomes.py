@@ -1,0 +1,24 @@
+"""How one example ended. Every report and exit code is built from these."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+
+class Outcome(str, Enum):
+    PASS = "pass"
+    EXPORT_ERROR = "export error"              # a strategy bug, not a finding
+    LOWERING_ERROR = "lowering error"
+    SERIALIZATION_ERROR = "serialization error"
+    LOAD_ERROR = "load error"
+    RUN_ERROR = "run error"
+    MISMATCH = "mismatch"
+    VIOLATION = "property violation"           # a structural oracle failed
+    UNSUPPORTED = "unsupported by ExecuTorch"  # e.g. the 1.5.1 emitter and while_loop
+    CRASH = "crash"
+    TIMEOUT = "timeout"
+    NONDETERMINISTIC = "nondeterministic"
+
+    @property
+    def is_failure(self) -> bool:
+        return self not in (Outcome.PASS, Outcome.UNSUPPORTED)

@@ -1,0 +1,123 @@
+"""One lowering per (program, flow), every stage's artifact kept for the oracles.
+
+export → to_edge_transform_and_lower → to_executorch → .pte bytes. The export
+is shared between flows lowering the same program (a baseline and a candidate
+cost one export and two lowerings). Each stage's failure is classified, so a
+report can say *where* a lowering broke.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+import torch
+
+from etprop.builder import BuiltProgram
+from etprop.flows.base import Flow
+from etprop.outcomes import Outcome
+
+
+@dataclass
+class Lowering:
+    flow: Flow
+    built: BuiltProgram
+    exported: dict[str, Any]
+    edge: Any = None            # EdgeProgramManager (after partitioning)
+    executorch: Any = None      # ExecutorchProgramManager
+    pte: Optional[bytes] = None
+    outcome: Optional[Outcome] = None   # set when a stage failed
+    error: str = ""
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return self.outcome is None
+
+
+class ExportFailed(Exception):
+    """torch.export rejected a drawn program: a strategy bug, never a finding."""
+
+
+def export_program(built: BuiltProgram) -> dict[str, Any]:
+    exported = {}
+    for method in built.methods:
+        try:
+            exported[method] = torch.export.export(
+                built.method_module(method), built.inputs(method),
+                dynamic_shapes=built.dynamic_shapes(method), strict=False)
+        except Exception as exc:
+            raise ExportFailed(f"torch.export rejected method '{method}': {type(exc).__name__}: {exc}") from exc
+    return exported
+
+
+def _mutable_buffer_names(built: BuiltProgram) -> list[str]:
+    return [name for name, entry in built.spec["state"].items()
+            if entry["kind"] == "buffer" and entry.get("mutable")]
+
+
+def backend_config(flow: Flow, built: BuiltProgram):
+    """The flow's ExecutorchBackendConfig, plus serialized initial values for
+    mutable buffers: 1.5.1 leaves them uninitialized by default, and eager
+    starts from the values the module was built with."""
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    config = flow.backend_config() if flow.backend_config else ExecutorchBackendConfig()
+    mutable = _mutable_buffer_names(built)
+    if mutable:
+        config.passes = list(config.passes) + [InitializedMutableBufferPass(mutable)]
+    return config
+
+
+def _classify_lowering_error(exc: BaseException, built: BuiltProgram) -> Outcome:
+    message = str(exc)
+    uses_while = any(node["op"] == "while_loop" for _, node in _nodes(built))
+    if uses_while and "while_loop" in message:
+        return Outcome.UNSUPPORTED
+    return Outcome.LOWERING_ERROR
+
+
+def _nodes(built: BuiltProgram):
+    from etprop.spec import all_nodes
+    return all_nodes(built.spec)
+
+
+def lower(built: BuiltProgram, flow: Flow, exported: Optional[dict] = None) -> Lowering:
+    """Lower once; never raises for ExecuTorch's failures (they are outcomes)."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    started = time.perf_counter()
+    exported = exported if exported is not None else export_program(built)
+    lowering = Lowering(flow=flow, built=built, exported=exported)
+    lowering.seconds["export"] = time.perf_counter() - started
+    with flow.context():
+        stage = "lowering"
+        try:
+            t0 = time.perf_counter()
+            lowering.edge = to_edge_transform_and_lower(
+                dict(exported),
+                partitioner=flow.partitioners() or None,
+                transform_passes=flow.transform_passes() or None,
+                compile_config=flow.compile_config() if flow.compile_config else None,
+            )
+            t1 = time.perf_counter()
+            lowering.executorch = lowering.edge.to_executorch(backend_config(flow, built))
+            stage = "serialization"
+            t2 = time.perf_counter()
+            lowering.pte = lowering.executorch.buffer
+            lowering.seconds.update(lower=t1 - t0, to_executorch=t2 - t1,
+                                    serialize=time.perf_counter() - t2)
+        except Exception as exc:
+            lowering.outcome = (Outcome.SERIALIZATION_ERROR if stage == "serialization"
+                                else _classify_lowering_error(exc, built))
+            if lowering.outcome is Outcome.LOWERING_ERROR and lowering.edge is not None:
+                lowering.error = "to_executorch: "
+            lowering.error += f"{type(exc).__name__}: {exc}\n{_short_traceback(exc)}"
+    return lowering
+
+
+def _short_traceback(exc: BaseException, limit: int = 6) -> str:
+    return "".join(traceback.format_exception(exc, limit=-limit)[-limit:])

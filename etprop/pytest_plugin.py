@@ -1,0 +1,140 @@
+"""pytest plugin: options, Hypothesis profiles and databases, flow parametrization,
+and the per-flow × property summary.
+
+Options (also settable through ETPROP_* environment variables, which is how
+``etprop fuzz`` passes them to xdist workers):
+  --etprop-flows a,b        flows to run (default: every available flow)
+  --etprop-flow-module F    import F (.py path or module) to register more flows
+  --etprop-artifacts DIR    where pending/, repros/ and results/ go (default: artifacts)
+  --etprop-profile NAME     Hypothesis profile: dev, ci (deterministic) or fuzz
+  --etprop-examples N       override max_examples per property
+  --etprop-db URL           example database: a directory, or redis://host:port/db
+  --etprop-db-readonly URL  a database to replay from without writing (e.g. CI's)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, Phase, settings
+
+OPTIONS = {
+    "flows": "ETPROP_FLOWS",
+    "flow_module": "ETPROP_FLOW_MODULE",
+    "artifacts": "ETPROP_ARTIFACTS",
+    "profile": "ETPROP_PROFILE",
+    "examples": "ETPROP_EXAMPLES",
+    "db": "ETPROP_DB",
+    "db_readonly": "ETPROP_DB_READONLY",
+}
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("etprop", "etprop property-based lowering checks")
+    for name in OPTIONS:
+        group.addoption(f"--etprop-{name.replace('_', '-')}", dest=f"etprop_{name}", default=None)
+
+
+def option(config, name: str, default=None):
+    value = config.getoption(f"etprop_{name}", default=None)
+    if value is None:
+        value = os.environ.get(OPTIONS[name])
+    return default if value in (None, "") else value
+
+
+def _database(config):
+    from etprop.database import open_database
+
+    return open_database(option(config, "db"), option(config, "db_readonly"),
+                         default_dir=Path(option(config, "artifacts", "artifacts")) / "hypothesis-db")
+
+
+def _register_profiles(config) -> None:
+    common = dict(deadline=None, print_blob=True,
+                  suppress_health_check=[HealthCheck.differing_executors])
+    settings.register_profile("dev", max_examples=10, database=None, **common)
+    # ci: bounded and deterministic; a failure is reported unshrunk (shrinking
+    # a 3 s-per-example property can take many minutes), fuzz shrinks it.
+    settings.register_profile("ci", max_examples=3, derandomize=True, database=None,
+                              phases=(Phase.explicit, Phase.reuse, Phase.generate), **common)
+    settings.register_profile("fuzz", max_examples=1_000_000, database=_database(config),
+                              phases=tuple(Phase), **common)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "etprop_family(name): the program family a property draws")
+    _register_profiles(config)
+    profile = option(config, "profile", "dev")
+    examples = option(config, "examples")
+    if examples:
+        settings.register_profile(f"{profile}-n", settings.get_profile(profile), max_examples=int(examples))
+        profile = f"{profile}-n"
+    settings.load_profile(profile)
+    module = option(config, "flow_module")
+    if module:
+        from etprop import flows
+
+        for target in module.split(","):
+            flows.load_flow_module(target)
+
+
+def selected_flows(config) -> list:
+    from etprop import flows
+
+    names = option(config, "flows")
+    if names:
+        return [flows.get_available(name) for name in names.split(",") if name]
+    return flows.available_flows()
+
+
+def pytest_generate_tests(metafunc):
+    """Parametrize ``flow`` (one flow) and ``flow_pair`` (baseline, candidate)."""
+    marker = metafunc.definition.get_closest_marker("etprop_family")
+    family = marker.args[0] if marker else None
+    chosen = [f for f in selected_flows(metafunc.config)
+              if family is None or f.families is None or family in f.families]
+    if "flow" in metafunc.fixturenames:
+        metafunc.parametrize("flow", chosen, ids=[f.name for f in chosen])
+    if "flow_pair" in metafunc.fixturenames:
+        from etprop import flows
+
+        pairs = [(flows.get(f.baseline), f) for f in chosen
+                 if f.baseline and flows.get(f.baseline).available and f.baseline != "portable"]
+        metafunc.parametrize("flow_pair", pairs, ids=[f"{b.name}-vs-{c.name}" for b, c in pairs])
+
+
+@pytest.fixture(scope="session")
+def etprop(pytestconfig):
+    from etprop.session import Session
+
+    return Session(Path(option(pytestconfig, "artifacts", "artifacts")))
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    results_dir = Path(option(config, "artifacts", "artifacts")) / "results"
+    if not results_dir.is_dir() or os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    counts: Counter = Counter()
+    repros = set()
+    for path in results_dir.glob("*.jsonl"):
+        for line in path.read_text().splitlines():
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            for flow in record["flows"]:
+                label = flow["outcome"] + (f" (known: {flow['known']})" if flow["known"] else "")
+                counts[(record["property"], flow["flow"], label)] += 1
+            if record.get("repro"):
+                repros.add(record["repro"])
+    if not counts:
+        return
+    terminalreporter.section("etprop: outcomes per property x flow")
+    for (prop, flow, outcome), n in sorted(counts.items()):
+        terminalreporter.write_line(f"  {prop:28} {flow:24} {outcome:32} {n}")
+    for path in sorted(repros):
+        terminalreporter.write_line(f"  repro: {path}")

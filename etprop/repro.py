@@ -1,0 +1,170 @@
+"""Repro files: a failing example as data (JSON) and as a standalone script.
+
+The JSON holds the spec, the flow and the property, plus the versions that
+produced it; ``etprop repro FILE`` replays it. The script is the builder's
+generated program source followed by the flow's lowering recipe and an eager
+comparison, runnable with torch and executorch alone for stock flows.
+Writes are atomic (temp file + rename) so a crash never leaves half a file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+from etprop import spec as specmod
+from etprop.builder import render_source
+from etprop.errors import UsageError
+
+FORMAT = "etprop-repro/1"
+
+
+def versions() -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for package in ("etprop", "torch", "executorch", "coreai-torch", "coreai-core"):
+        try:
+            found[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    return found
+
+
+def atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def write(path: Path, spec: dict, flows: list[str], prop: str, outcome: Optional[str] = None,
+          message: str = "", script: bool = True) -> Path:
+    """Write ``path`` (JSON) and, beside it, the standalone ``.py`` script."""
+    record = {"format": FORMAT, "property": prop, "flows": flows, "outcome": outcome,
+              "message": message, "versions": versions(), "spec": spec}
+    atomic_write(path, json.dumps(record, indent=1, sort_keys=True))
+    if script:
+        atomic_write(path.with_suffix(".py"), standalone_script(spec, flows[-1]))
+    return path
+
+
+def read(path: str | Path) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise UsageError(f"repro file '{path}' does not exist")
+    try:
+        record = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"repro file '{path}' is not valid JSON ({exc.msg}, line {exc.lineno}); "
+                         "it may be truncated: take it again from the campaign's artifacts") from None
+    if not isinstance(record, dict) or record.get("format") != FORMAT:
+        raise UsageError(f"'{path}' is not an etprop repro (format {record.get('format') if isinstance(record, dict) else None!r}, "
+                         f"expected {FORMAT!r})")
+    for key in ("spec", "flows", "property"):
+        if key not in record:
+            raise UsageError(f"repro file '{path}' lacks '{key}'; it was not written by etprop")
+    specmod.validate(record["spec"])
+    return record
+
+
+def version_drift(record: dict) -> list[str]:
+    """Packages whose version differs from the ones that made the repro."""
+    now = versions()
+    return [f"{name} {old} (repro) vs {now.get(name, 'absent')} (here)"
+            for name, old in record.get("versions", {}).items()
+            if name != "etprop" and now.get(name) != old]
+
+
+_SCRIPT_TAIL = '''
+
+# ---- lowering recipe of flow {flow!r} ----
+{recipe}
+
+# ---- run and compare with eager ----
+def _tolerance(expected):
+    rtol, atol = {{torch.float32: (1e-3, 1e-3), torch.float16: (1e-2, 1e-2),
+                   torch.bfloat16: (2e-2, 1e-2)}}[expected.dtype]
+    finite = expected[torch.isfinite(expected)]
+    scale = float(finite.abs().max()) if finite.numel() else 1.0
+    return rtol, atol * max(1.0, scale)
+
+
+class _Method(nn.Module):
+    def __init__(self, program, name):
+        super().__init__()
+        self.program, self.name = program, name
+
+    def forward(self, *args):
+        return getattr(self.program, self.name)(*args)
+
+
+def main():
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
+
+    program = Program().eval()
+    exported = {{name: torch.export.export(_Method(program, name),
+                  tuple(make_input(tuple(i["shape"]), i["dtype"], "normal", k) for k, i in enumerate(inputs)),
+                  strict=False) for name, inputs in INPUTS.items()}}
+    edge = to_edge_transform_and_lower(exported, partitioner=partitioners() or None,
+                                       transform_passes=transform_passes() or None,
+                                       compile_config=compile_config())
+    print(edge.exported_program(next(iter(INPUTS))).graph_module.graph)
+    mutable = {mutable!r}
+    config = ExecutorchBackendConfig(passes=[InitializedMutableBufferPass(mutable)] if mutable else [])
+    pte = edge.to_executorch(config).buffer
+    run = make_runner(pte, edge)
+    failed = False
+    for name, inputs in INPUTS.items():
+        for kind in ("normal", "negative", "zeros", "large", "small"):
+            args = tuple(make_input(tuple(i["shape"]), i["dtype"], kind, k)
+                         for k, i in enumerate(inputs))
+            with torch.no_grad():
+                want = list(getattr(program, name)(*args))
+            got = run(name, args)
+            for index, (w, g) in enumerate(zip(want, got)):
+                rtol, atol = _tolerance(w)
+                try:
+                    torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
+                except AssertionError as exc:
+                    failed = True
+                    print(f"MISMATCH {{name}} {{kind}} output {{index}}: {{exc}}")
+    print("VERDICT:", "mismatch" if failed else "pass")
+    raise SystemExit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()
+'''
+
+STOCK_RUNNER = '''
+def make_runner(pte, edge):
+    from executorch.runtime import Runtime
+
+    program = Runtime.get().load_program(pte)  # keep `pte` referenced: 1.5.1 does not
+    return lambda name, args: list(program.load_method(name).execute(list(args)))
+'''
+
+
+def standalone_script(spec: dict, flow_name: str) -> str:
+    from etprop import flows
+
+    flow = flows.get(flow_name)
+    recipe = flow.repro_recipe + (STOCK_RUNNER if flow.runtime == "executorch" else "")
+    header = (f'"""Standalone repro made by etprop: flow {flow_name!r}.\n\n'
+              "Run: python THIS_FILE. Prints the lowered graph and a verdict; exits 1 on mismatch.\n"
+              '"""\n')
+    mutable = [n for n, e in spec["state"].items() if e["kind"] == "buffer" and e.get("mutable")]
+    return header + render_source(spec) + _SCRIPT_TAIL.format(flow=flow_name, recipe=recipe, mutable=mutable)

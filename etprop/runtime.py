@@ -1,0 +1,42 @@
+"""Running a lowered program: the real .pte in the ExecuTorch runtime, or, for
+Core AI delegates (which that runtime cannot run), etprop's Core AI interpreter."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+
+class ProgramRunner(Protocol):
+    def run(self, method: str, inputs: tuple) -> list[torch.Tensor]: ...
+
+
+class PteRunner:
+    """Runs .pte bytes with executorch.runtime.
+
+    ``Runtime.load_program(bytes)`` does not keep the buffer alive in 1.5.1
+    (the program segfaults once it is collected), so the runner holds it.
+    Each run loads the method afresh, so mutable buffers start from their
+    serialized initial state, as eager does.
+    """
+
+    def __init__(self, pte: bytes):
+        from executorch.runtime import Runtime
+
+        self._buffer = pte
+        self._program = Runtime.get().load_program(self._buffer)
+
+    def run(self, method: str, inputs: tuple) -> list[torch.Tensor]:
+        loaded = self._program.load_method(method)
+        if loaded is None:
+            raise RuntimeError(f"method '{method}' could not be loaded from the .pte")
+        return [t.clone() if isinstance(t, torch.Tensor) else t for t in loaded.execute(list(inputs))]
+
+
+def runner_for(lowering) -> ProgramRunner:
+    if lowering.flow.runtime == "coreai":
+        from etprop.coreai_runtime import CoreAIProgram
+
+        return CoreAIProgram(lowering.executorch)
+    return PteRunner(lowering.pte)
