@@ -102,8 +102,12 @@ def pytest_generate_tests(metafunc):
     if "flow_pair" in metafunc.fixturenames:
         from etprop import flows
 
-        pairs = [(flows.get(f.baseline), f) for f in chosen
-                 if f.baseline and flows.get(f.baseline).available and f.baseline != "portable"]
+        gate = os.environ.get("ETPROP_GATE")
+        if gate:
+            pairs = [tuple(flows.get_available(name) for name in gate.split(","))]
+        else:
+            pairs = [(flows.get(f.baseline), f) for f in chosen
+                     if f.baseline and f.baseline != "portable" and flows.get(f.baseline).available]
         metafunc.parametrize("flow_pair", pairs, ids=[f"{b.name}-vs-{c.name}" for b, c in pairs])
 
 

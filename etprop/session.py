@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import time
 from pathlib import Path
 
 from hypothesis import event, note
@@ -26,7 +28,11 @@ class Session:
     def __init__(self, artifacts_dir: Path):
         self.artifacts = Artifacts(artifacts_dir)
 
-    def check(self, spec: dict, flows: list, prop: str, oracles: list[Oracle]) -> ExampleResult:
+    def check(self, spec: dict, flows: list, prop: str, oracles: list[Oracle]) -> ExampleResult | None:
+        deadline = os.environ.get("ETPROP_DEADLINE")
+        if deadline and time.time() > float(deadline):
+            event("not run: past the campaign's budget")
+            return None
         result = run_example(spec, flows, prop, oracles, self.artifacts)
         for flow_result in result.results:
             event(f"{flow_result.flow}: {flow_result.outcome.value}"

@@ -1,0 +1,122 @@
+"""Fuzzing campaigns: rounds of the properties under pytest (+ xdist), within a budget.
+
+A campaign runs the property suite in rounds, each a pytest process with the
+``fuzz`` Hypothesis profile, a seed derived from (shard, round) so shards and
+rounds explore different programs, and the shared example database, so a
+failure found anywhere is replayed first everywhere. Rounds keep each pytest
+process short-lived: a native crash or a hang costs one round, not the
+campaign, and the budget is checked between rounds (and inside a round, where
+examples past the deadline are skipped). Results stream to
+ARTIFACTS/results/*.jsonl; the summary and reports are built from them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from etprop import flows as flowreg
+from etprop.errors import UsageError
+from etprop.report import Summary, write_reports
+
+PROPERTIES_DIR = Path(__file__).resolve().parent.parent / "properties"
+EXAMPLES_PER_ROUND = 4
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise UsageError(f"--shard must look like i/N (e.g. 0/4), got '{text}'") from None
+    if not 0 <= index < count:
+        raise UsageError(f"--shard {text}: i must be in 0..N-1")
+    return index, count
+
+
+def round_seed(shard: tuple[int, int], round_index: int) -> int:
+    digest = hashlib.sha256(f"etprop:{shard[0]}/{shard[1]}:{round_index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % (2 ** 63)
+
+
+@dataclass
+class Campaign:
+    flows: list[str]
+    minutes: float
+    examples: int
+    workers: int
+    shard: tuple[int, int]
+    artifacts: Path
+    db: str = ""
+    db_readonly: str = ""
+    properties: str = ""
+    flow_modules: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_args(cls, args) -> "Campaign":
+        names = [n for n in args.flows.split(",") if n]
+        chosen = [flowreg.get_available(n).name for n in names] or [f.name for f in flowreg.available_flows()]
+        if args.workers < 1:
+            raise UsageError("--workers must be at least 1")
+        return cls(chosen, args.minutes, args.examples, args.workers, parse_shard(args.shard),
+                   Path(args.artifacts), args.db, args.db_readonly, args.properties, args.flow_module)
+
+    def _env(self, deadline: float) -> dict:
+        env = dict(os.environ)
+        env.update(ETPROP_FLOWS=",".join(self.flows), ETPROP_ARTIFACTS=str(self.artifacts.resolve()),
+                   ETPROP_PROFILE="fuzz", ETPROP_DEADLINE=str(deadline),
+                   ETPROP_DB=self.db or str((self.artifacts / "hypothesis-db").resolve()),
+                   ETPROP_DB_READONLY=self.db_readonly, ETPROP_FLOW_MODULE=",".join(self.flow_modules))
+        return env
+
+    def _pytest_command(self, round_index: int, per_round: int) -> list[str]:
+        command = [sys.executable, "-m", "pytest", str(PROPERTIES_DIR), "-q", "--no-header",
+                   "-p", "no:randomly", f"--hypothesis-seed={round_seed(self.shard, round_index)}",
+                   f"--etprop-examples={per_round}",
+                   f"--junitxml={self.artifacts / 'reports' / f'junit-round{round_index}.xml'}",
+                   "-o", "junit_family=xunit2", "--rootdir", str(PROPERTIES_DIR.parent)]
+        if self.workers > 1:
+            command += ["-n", str(self.workers)]
+        if self.properties:
+            command += ["-k", self.properties]
+        return command
+
+    def run(self) -> int:
+        self.artifacts.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        deadline = started + self.minutes * 60
+        print(f"etprop fuzz: flows {', '.join(self.flows)}; budget {self.minutes:g} min"
+              + (f" or {self.examples} examples per property x flow" if self.examples else "")
+              + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; artifacts {self.artifacts}")
+        round_index = 0
+        while time.time() < deadline - 10:
+            summary = Summary.load(self.artifacts)
+            done = summary.min_examples_per_cell()
+            if self.examples and done >= self.examples:
+                break
+            per_round = min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples else EXAMPLES_PER_ROUND
+            remaining = deadline - time.time()
+            try:
+                completed = subprocess.run(self._pytest_command(round_index, per_round), env=self._env(deadline),
+                                           timeout=remaining + 120, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           text=True)
+                status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
+                    completed.returncode, f"pytest exit {completed.returncode}")
+                if completed.returncode not in (0, 1, 5):
+                    print(completed.stdout[-3000:])
+            except subprocess.TimeoutExpired:
+                status = "round timed out"
+            summary = Summary.load(self.artifacts)
+            print(f"[{time.time() - started:6.0f}s] round {round_index}: {status}; "
+                  f"{summary.total_examples()} examples, {len(summary.failures())} new failures, "
+                  f"{summary.known_count()} known-defect hits so far")
+            round_index += 1
+        summary = Summary.load(self.artifacts)
+        print(summary.text())
+        paths = write_reports(summary, self.artifacts / "reports")
+        print("reports: " + ", ".join(str(p) for p in paths))
+        return 1 if summary.failures() else 0

@@ -1,0 +1,121 @@
+"""The ``etprop`` command: flows, fuzz, repro, replay, gate, report.
+
+Every user error (unknown flow, bad repro file, missing optional package)
+ends as one line on stderr naming the fix, and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from etprop.errors import UsageError
+
+
+def cmd_flows(args) -> int:
+    from etprop import flows
+
+    for flow in flows.all_flows():
+        reason = flow.unavailable_reason()
+        status = "available" if reason is None else f"unavailable: {reason}"
+        baseline = f" (baseline: {flow.baseline})" if flow.baseline else ""
+        print(f"{flow.name:24} {status}\n{'':24} {flow.description}{baseline}")
+    return 0
+
+
+def cmd_repro(args) -> int:
+    from etprop.replay import replay_file
+
+    outcome = replay_file(Path(args.file), Path(args.artifacts), verbose=True)
+    return 1 if outcome.still_failing else 0
+
+
+def cmd_replay(args) -> int:
+    from etprop.replay import replay_all
+
+    summary = replay_all(Path(args.artifacts), [Path(p) for p in args.paths])
+    return 1 if summary.still_failing else 0
+
+
+def cmd_fuzz(args) -> int:
+    from etprop.campaign import Campaign
+
+    return Campaign.from_args(args).run()
+
+
+def cmd_gate(args) -> int:
+    from etprop.gate import run_gate
+
+    return run_gate(args)
+
+
+def _add_common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--artifacts", default="artifacts",
+                        help="directory for repros, results and reports (default: artifacts)")
+    parser.add_argument("--flow-module", action="append", default=[],
+                        help="a .py file or module that registers extra flows (repeatable)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="etprop", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("flows", help="list registered flows and whether each is available here")
+    _add_common(p)
+    p.set_defaults(func=cmd_flows)
+
+    p = sub.add_parser("fuzz", help="run a fuzzing campaign over flows")
+    _add_common(p)
+    p.add_argument("--flows", default="", help="comma-separated flows (default: every available flow)")
+    p.add_argument("--minutes", type=float, default=5.0, help="time budget (default: 5)")
+    p.add_argument("--examples", type=int, default=0,
+                   help="stop after this many examples per property and flow (default: no limit)")
+    p.add_argument("--workers", type=int, default=1, help="pytest-xdist workers on this machine")
+    p.add_argument("--shard", default="0/1", help="this machine's shard, i/N (seeds differ per shard)")
+    p.add_argument("--db", default="", help="example database: a directory or redis://host:port/db")
+    p.add_argument("--db-readonly", default="", help="a database to replay without writing to it")
+    p.add_argument("--properties", default="", help="pytest -k expression selecting properties")
+    p.set_defaults(func=cmd_fuzz)
+
+    p = sub.add_parser("repro", help="replay one repro file; exit 1 while the defect is present")
+    _add_common(p)
+    p.add_argument("file")
+    p.set_defaults(func=cmd_repro)
+
+    p = sub.add_parser("replay", help="re-run every saved repro and pending example")
+    _add_common(p)
+    p.add_argument("paths", nargs="*", help="repro files or directories (default: ARTIFACTS/repros, "
+                                            "ARTIFACTS/pending and findings/repros)")
+    p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("gate", help="bounded baseline-vs-candidate run with a CI verdict")
+    _add_common(p)
+    p.add_argument("--baseline", required=True)
+    p.add_argument("--candidate", required=True)
+    p.add_argument("--examples", type=int, default=4, help="examples per property (default: 4)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_gate)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if getattr(args, "flow_module", None):
+            from etprop import flows
+
+            for target in args.flow_module:
+                flows.load_flow_module(target)
+        return args.func(args)
+    except UsageError as exc:
+        print(f"etprop: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("etprop: interrupted; everything found so far is under the artifacts directory",
+              file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

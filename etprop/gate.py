@@ -1,0 +1,54 @@
+"""``etprop gate``: a bounded, deterministic baseline-vs-candidate verdict for CI.
+
+Runs the differential property (and every single-flow property on the
+candidate) for a fixed number of examples with a fixed seed, so the same
+programs are lowered on both flows, then decides:
+
+- FAIL when the candidate violates a property the baseline satisfies on the
+  same program (a new failure class), grows the program, or delegates less;
+- PASS otherwise. Failures matching a known finding are reported, not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from etprop import flows as flowreg
+from etprop.campaign import PROPERTIES_DIR
+from etprop.errors import UsageError
+from etprop.report import Summary, write_reports
+
+
+def run_gate(args) -> int:
+    baseline = flowreg.get_available(args.baseline)
+    candidate = flowreg.get_available(args.candidate)
+    artifacts = Path(args.artifacts)
+    if (artifacts / "results").exists() and any((artifacts / "results").iterdir()):
+        raise UsageError(f"'{artifacts}' already holds results; give the gate a fresh --artifacts directory")
+    env = dict(os.environ, ETPROP_GATE=f"{baseline.name},{candidate.name}",
+               ETPROP_FLOWS=f"{baseline.name},{candidate.name}", ETPROP_ARTIFACTS=str(artifacts.resolve()),
+               ETPROP_PROFILE="ci", ETPROP_EXAMPLES=str(args.examples),
+               ETPROP_FLOW_MODULE=",".join(args.flow_module))
+    command = [sys.executable, "-m", "pytest", str(PROPERTIES_DIR), "-q", "--no-header", "-p", "no:randomly",
+               f"--hypothesis-seed={args.seed}", "--rootdir", str(PROPERTIES_DIR.parent),
+               f"--junitxml={artifacts / 'reports' / 'junit-gate.xml'}", "-k", "gate or differential"]
+    print(f"etprop gate: baseline {baseline.name}, candidate {candidate.name}, "
+          f"{args.examples} examples per property, seed {args.seed}")
+    completed = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    summary = Summary.load(artifacts)
+    print(summary.text())
+    write_reports(summary, artifacts / "reports")
+    failures = summary.failures()
+    if completed.returncode not in (0, 1) or not summary.records:
+        print(completed.stdout[-4000:])
+        print("VERDICT: ERROR (the gate could not run its properties)")
+        return 3
+    if failures:
+        print(f"VERDICT: FAIL: {len(failures)} violation(s) by {candidate.name} against {baseline.name}")
+        return 1
+    print(f"VERDICT: PASS: {candidate.name} matched eager and did not regress against {baseline.name} "
+          f"on {summary.total_examples()} programs")
+    return 0

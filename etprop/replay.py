@@ -1,0 +1,101 @@
+"""Replaying repros: one file (``etprop repro``) or all of them (``etprop replay``).
+
+A replay rebuilds the spec, lowers it with the recorded flows and runs the
+recorded property's oracles, then compares the outcome with the recorded one:
+still failing, fixed, or changed (fails differently).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from etprop import flows, repro
+from etprop.check import Artifacts, run_example
+from etprop.errors import UsageError
+from etprop.findings import FINDINGS_DIR
+
+
+@dataclass
+class Replayed:
+    path: Path
+    recorded: str
+    now: str
+    message: str
+
+    @property
+    def still_failing(self) -> bool:
+        return self.now not in ("pass", "unsupported by ExecuTorch")
+
+    @property
+    def status(self) -> str:
+        if not self.still_failing:
+            return "fixed" if self.recorded not in (None, "pending", "pass") else "passes"
+        return "still failing" if self.now == self.recorded or self.recorded == "pending" else "changed"
+
+
+def oracles_for(prop: str) -> list:
+    from etprop.properties.oracle_sets import ORACLES_BY_PROPERTY
+
+    try:
+        return ORACLES_BY_PROPERTY[prop]
+    except KeyError:
+        raise UsageError(f"repro names unknown property '{prop}'; known: "
+                         f"{', '.join(sorted(ORACLES_BY_PROPERTY))}") from None
+
+
+def replay_file(path: Path, artifacts: Path, verbose: bool = False) -> Replayed:
+    record = repro.read(path)
+    drift = repro.version_drift(record)
+    if drift and verbose:
+        print("note: made with other versions: " + "; ".join(drift))
+    chosen = [flows.get_available(name) for name in record["flows"]]
+    result = run_example(record["spec"], chosen, record["property"], oracles_for(record["property"]),
+                         Artifacts(artifacts / "replay"))
+    worst = next((r for r in reversed(result.results) if r.outcome.is_failure), result.results[-1])
+    replayed = Replayed(path, record.get("outcome"), worst.outcome.value, worst.message)
+    if verbose:
+        for flow_result in result.results:
+            print(f"{flow_result.flow}: {flow_result.outcome.value}"
+                  + (f" (known finding {flow_result.known})" if flow_result.known else ""))
+            for verdict in flow_result.verdicts:
+                print(f"  {verdict}")
+        print(f"verdict: {replayed.status} (recorded: {replayed.recorded}, now: {replayed.now})")
+    return replayed
+
+
+@dataclass
+class ReplaySummary:
+    replayed: list[Replayed]
+
+    @property
+    def still_failing(self) -> bool:
+        return any(r.still_failing for r in self.replayed)
+
+
+def _repro_files(paths: list[Path]) -> list[Path]:
+    found = []
+    for path in paths:
+        if path.is_dir():
+            found += sorted(p for p in path.rglob("*.json") if not p.name.startswith("."))
+        elif path.exists():
+            found.append(path)
+    return [p for p in found if p.name != "index.json"]
+
+
+def replay_all(artifacts: Path, paths: list[Path]) -> ReplaySummary:
+    paths = paths or [artifacts / "repros", artifacts / "pending", FINDINGS_DIR / "repros"]
+    replayed = []
+    for path in _repro_files(paths):
+        try:
+            result = replay_file(path, artifacts)
+        except UsageError as exc:
+            print(f"{path}: skipped: {exc}")
+            continue
+        replayed.append(result)
+        print(f"{result.status:14} {path}  (recorded: {result.recorded}, now: {result.now})")
+    counts = {}
+    for r in replayed:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    print("replay: " + (", ".join(f"{n} {s}" for s, n in sorted(counts.items())) or "nothing to replay"))
+    return ReplaySummary(replayed)

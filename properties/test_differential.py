@@ -1,0 +1,21 @@
+"""Baseline vs candidate on the same drawn program (one export, two lowerings):
+both match eager, the candidate lowers whenever the baseline does, is not
+larger and delegates no less. ``etprop gate`` runs exactly these."""
+
+import pytest
+from hypothesis import given
+
+from etprop.properties.oracle_sets import DIFFERENTIAL
+from etprop.strategies.programs import computed_weight_programs, programs
+
+
+@pytest.mark.etprop_family("mixed")
+@given(spec=programs(min_nodes=6, max_nodes=32))
+def test_differential_mixed(flow_pair, spec, etprop):
+    etprop.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
+
+
+@pytest.mark.etprop_family("computed_weights")
+@given(spec=computed_weight_programs())
+def test_differential_computed_weights(flow_pair, spec, etprop):
+    etprop.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
