@@ -30,6 +30,8 @@ class Lowering:
     pte: Optional[bytes] = None
     outcome: Optional[Outcome] = None   # set when a stage failed
     error: str = ""
+    # Partitioner results recorded at partition time (see oracles/cycles.py).
+    partitions: list = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -74,6 +76,8 @@ def backend_config(flow: Flow, built: BuiltProgram):
 
 def _classify_lowering_error(exc: BaseException, built: BuiltProgram) -> Outcome:
     message = str(exc)
+    if "cycle" in message.lower():
+        return Outcome.VIOLATION  # a partitioner that reports a dependency cycle
     uses_while = any(node["op"] == "while_loop" for _, node in _nodes(built))
     if uses_while and "while_loop" in message:
         return Outcome.UNSUPPORTED
@@ -83,6 +87,22 @@ def _classify_lowering_error(exc: BaseException, built: BuiltProgram) -> Outcome
 def _nodes(built: BuiltProgram):
     from etprop.spec import all_nodes
     return all_nodes(built.spec)
+
+
+def _recording(partitioner, records: list):
+    """Make ``partitioner`` record each result's tags before they are fused.
+    The instance keeps its class, so nothing downstream sees a wrapper."""
+    from etprop.oracles.cycles import snapshot
+
+    inner = partitioner.partition
+
+    def partition(exported_program):
+        result = inner(exported_program)
+        records.extend(snapshot(result.tagged_exported_program.graph_module, result.partition_tags))
+        return result
+
+    partitioner.partition = partition
+    return partitioner
 
 
 def lower(built: BuiltProgram, flow: Flow, exported: Optional[dict] = None) -> Lowering:
@@ -99,7 +119,7 @@ def lower(built: BuiltProgram, flow: Flow, exported: Optional[dict] = None) -> L
             t0 = time.perf_counter()
             lowering.edge = to_edge_transform_and_lower(
                 dict(exported),
-                partitioner=flow.partitioners() or None,
+                partitioner=[_recording(p, lowering.partitions) for p in flow.partitioners()] or None,
                 transform_passes=flow.transform_passes() or None,
                 compile_config=flow.compile_config() if flow.compile_config else None,
             )

@@ -1,34 +1,40 @@
 """Delegation coverage: which ops a lowering left on portable kernels.
 
 Counts, per method (control-flow submodules included), the ops of the lowered
-edge program that run outside any delegate. ``regressions`` compares two
-lowerings of one program; ``check`` enforces a flow's promise to delegate
-certain op families (e.g. XNNPACK: a GEMM whose weight is a parameter).
+edge program that run outside any delegate, and enforces what the flow
+promises to delegate (``Promises.delegates``):
+
+- ``gemm_static_weight``: a convolution, linear, addmm or mm whose weight is a
+  parameter, buffer or constant (through views/permutes) runs in a delegate;
+- ``gemm_computed_weight``: the same for a weight computed only from such
+  tensors (weight_norm & co.), and the computation goes with it.
+
+A GEMM left outside a delegate that the flow claims is a silent slow fallback:
+the failure names the node, its op and its weight.
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+import torch.fx
+
 from etprop.oracles import Verdict
+from etprop.oracles.cycles import graph_modules
 
 NAME = "delegation coverage"
 _IGNORED = {"getitem", "executorch_call_delegate", "alloc", "_assert_tensor_metadata"}
+# GEMM op → index of its weight argument.
+GEMM_WEIGHT_ARG = {"convolution": 1, "linear": 1, "addmm": 2, "mm": 1}
+_VIEWS = {"permute_copy", "permute", "t_copy", "t", "view_copy", "view", "reshape", "transpose",
+          "expand_copy", "unsqueeze_copy", "squeeze_copy", "_to_copy", "clone"}
 
 
-def _op_name(node) -> str:
+def op_name(node) -> str:
     target = node.target
-    name = getattr(target, "__name__", str(target))
-    if hasattr(target, "_op") or hasattr(target, "_schema"):
-        name = str(getattr(target, "_schema", "").name if hasattr(target, "_schema") else name)
+    schema = getattr(target, "_schema", None)
+    name = schema.name if schema is not None else getattr(target, "__name__", str(target))
     return name.split("::")[-1].split(".")[0]
-
-
-def _graph_modules(graph_module):
-    yield graph_module
-    for _, child in graph_module.named_children():
-        if hasattr(child, "graph") and not type(child).__name__.startswith("Lowered"):
-            yield from _graph_modules(child)
 
 
 def portable_ops(lowering) -> Counter:
@@ -36,12 +42,10 @@ def portable_ops(lowering) -> Counter:
     counts: Counter = Counter()
     for method in lowering.built.methods:
         program = lowering.edge.exported_program(method)
-        for gm in _graph_modules(program.graph_module):
+        for _, gm in graph_modules(program.graph_module):
             for node in gm.graph.nodes:
-                if node.op == "call_function":
-                    name = _op_name(node)
-                    if name not in _IGNORED:
-                        counts[name] += 1
+                if node.op == "call_function" and op_name(node) not in _IGNORED:
+                    counts[op_name(node)] += 1
     return counts
 
 
@@ -51,6 +55,61 @@ def regressions(base, candidate) -> dict:
     return {op: f"{before.get(op, 0)} -> {n}" for op, n in after.items() if n > before.get(op, 0)}
 
 
+def _static_inputs(program) -> set[str]:
+    signature = program.graph_signature
+    return (set(signature.inputs_to_parameters) | set(signature.inputs_to_buffers)
+            | set(signature.inputs_to_lifted_tensor_constants))
+
+
+def _source_kind(node, static: set[str], depth: int = 0) -> str:
+    """'static' (a parameter through views), 'computed' (only from static
+    tensors), or 'dynamic' (depends on a user input)."""
+    if node.op == "placeholder":
+        return "static" if node.name in static else "dynamic"
+    if node.op == "get_attr":
+        return "static"
+    if node.op != "call_function" or depth > 64:
+        return "dynamic"
+    # Positional operands only: after to_executorch, ``out=`` kwargs name alloc nodes.
+    operands = [arg for arg in node.args if isinstance(arg, torch.fx.Node)]
+    kinds = {_source_kind(arg, static, depth + 1) for arg in operands}
+    if "dynamic" in kinds or not kinds:
+        return "dynamic"
+    if kinds == {"static"} and op_name(node) in _VIEWS:
+        return "static"
+    return "computed"
+
+
+def undelegated_gemms(lowering) -> list[tuple[str, str, str, str]]:
+    """(method, node, op, weight kind) for GEMMs with non-dynamic weights left on portable."""
+    found = []
+    for method in lowering.built.methods:
+        program = lowering.edge.exported_program(method)
+        static = _static_inputs(program)
+        for node in program.graph_module.graph.nodes:
+            if node.op != "call_function":
+                continue
+            name = op_name(node)
+            index = GEMM_WEIGHT_ARG.get(name)
+            if index is None or len(node.args) <= index:
+                continue
+            if name == "convolution" and len(node.args) > 6 and node.args[6]:
+                continue  # transposed convolutions are not claimed
+            kind = _source_kind(node.args[index], static)
+            if kind != "dynamic":
+                found.append((method, node.name, name, kind))
+    return found
+
+
 def check(lowering, lowerings=None) -> Verdict:
     ops = portable_ops(lowering)
+    claims = lowering.flow.promises.delegates
+    wanted = {"static"} if "gemm_static_weight" in claims else set()
+    if "gemm_computed_weight" in claims:
+        wanted.add("computed")
+    missed = [g for g in undelegated_gemms(lowering) if g[3] in wanted] if wanted else []
+    if missed:
+        listed = ", ".join(f"{method}/{node} ({op}, {kind} weight)" for method, node, op, kind in missed[:10])
+        return Verdict.failed(NAME, f"{len(missed)} GEMM(s) that {lowering.flow.name} promises to delegate "
+                                    f"run on portable kernels: {listed}", missed=missed, portable=dict(ops))
     return Verdict.passed(NAME, f"{sum(ops.values())} ops outside delegates", portable=dict(ops))

@@ -1,14 +1,15 @@
 """Which oracles each property runs; one place, so a new oracle joins every property."""
 
-from etprop.oracles import differential, equivalence
+from etprop.oracles import coverage, cycles, differential, equivalence, growth
 
 
 def _equivalence(lowering, lowerings):
     return equivalence.check(lowering)
 
 
-SINGLE_FLOW = [_equivalence]
-DIFFERENTIAL = [_equivalence, differential.check]
+# Every single-flow property reads one lowering with all of these.
+SINGLE_FLOW = [_equivalence, growth.check, cycles.check, coverage.check]
+DIFFERENTIAL = SINGLE_FLOW + [differential.check]
 
 # The oracles each property runs, by the property name recorded in repros.
 ORACLES_BY_PROPERTY = {

@@ -1,0 +1,113 @@
+"""No program growth: every distinct weight is stored once in the .pte.
+
+The serialized program is searched for each weight's bytes: the module's
+parameters and buffers, and each weight computed from them (the value a
+fold would store). Backends repack weights (XNNPACK stores convolution
+weights channels-last, linear weights transposed), so every permutation of a
+tensor's dimensions counts as the same weight. A weight found more than once,
+in any layouts, in the .pte (constant segment, delegate payloads and named
+data alike) is stored twice. A computed weight stored beside all of the
+parameters it was computed from is growth too: the fold should have replaced
+them. The size comparison with a baseline flow lives in oracles/differential.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+import torch
+
+from etprop.oracles import Verdict
+
+NAME = "no program growth"
+# Tensors smaller than this are not searched: a few bytes can match by chance.
+MIN_BYTES = 32
+
+
+@dataclass
+class Weight:
+    name: str
+    tensor: torch.Tensor
+    computed_from: tuple[str, ...] = ()
+    # Distinct state tensors that happen to hold these very bytes (two
+    # parameters drawn from one seed): each may be stored once.
+    copies: int = 1
+
+
+def _layouts(tensor: torch.Tensor):
+    """The bytes of every dimension permutation of ``tensor`` (distinct ones)."""
+    seen = set()
+    dims = range(tensor.dim())
+    for order in itertools.permutations(dims) if tensor.dim() <= 4 else [tuple(dims)]:
+        data = tensor.detach().permute(order).contiguous().numpy().tobytes()
+        if data not in seen:
+            seen.add(data)
+            yield order, data
+
+
+def count_occurrences(blob: bytes, tensor: torch.Tensor) -> dict[tuple, int]:
+    """{dimension order: occurrences} for every layout found in ``blob``."""
+    found = {}
+    for order, data in _layouts(tensor):
+        count, start = 0, blob.find(data)
+        while start != -1:
+            count += 1
+            start = blob.find(data, start + 1)
+        if count:
+            found[order] = count
+    return found
+
+
+def program_weights(built) -> list[Weight]:
+    """Parameters and buffers (deduplicated by content), plus computed weights."""
+    module = built.module
+    weights, seen = [], {}
+    for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
+        if not tensor.dtype.is_floating_point or tensor.numel() * tensor.element_size() < MIN_BYTES:
+            continue
+        key = tensor.detach().numpy().tobytes()
+        if key in seen:
+            seen[key].copies += 1
+        else:
+            seen[key] = Weight(name, tensor.detach())
+            weights.append(seen[key])
+    for state_name, entry in built.spec["state"].items():
+        owner = getattr(module, state_name, None)
+        for attribute in sorted({p.get("on", "weight") for p in entry.get("parametrizations", [])}):
+            with torch.no_grad():
+                value = getattr(owner, attribute).detach()
+            key = value.numpy().tobytes()
+            if value.numel() * value.element_size() >= MIN_BYTES and key not in seen:
+                prefix = f"{state_name}.parametrizations.{attribute}."
+                sources = tuple(w.name for w in weights if w.name.startswith(prefix))
+                seen[key] = Weight(f"{state_name}.{attribute} (computed)", value, sources)
+                weights.append(seen[key])
+    return weights
+
+
+def check(lowering, lowerings=None) -> Verdict:
+    if not lowering.flow.promises.weights_stored_once:
+        return Verdict.passed(NAME, f"flow {lowering.flow.name} does not promise single storage")
+    blob = lowering.pte
+    duplicates, placement = [], {}
+    weights = program_weights(lowering.built)
+    for weight in weights:
+        found = count_occurrences(blob, weight.tensor)
+        placement[weight.name] = found
+        total = sum(found.values())
+        if total > weight.copies:
+            layouts = ", ".join(f"{n}x as dims {order}" for order, n in found.items())
+            duplicates.append(f"{weight.name} {tuple(weight.tensor.shape)} "
+                              f"({weight.tensor.numel() * weight.tensor.element_size()} bytes) stored "
+                              f"{total} times: {layouts}")
+    for weight in weights:
+        if weight.computed_from and placement[weight.name] \
+                and all(placement.get(source) for source in weight.computed_from):
+            duplicates.append(f"{weight.name} is stored folded and so are all its sources "
+                              f"{list(weight.computed_from)}")
+    if duplicates:
+        return Verdict.failed(NAME, "; ".join(duplicates), duplicates=duplicates)
+    located = sum(1 for found in placement.values() if found)
+    return Verdict.passed(NAME, f"{len(weights)} weights, {located} located once, none twice "
+                                f"({len(blob)} bytes)")

@@ -1,0 +1,117 @@
+"""Each structural oracle accepts a good lowering and rejects a deliberately
+broken one with a message that names the offending weight, node or bytes."""
+
+import dataclasses
+
+import pytest
+import torch
+import torch.fx
+
+from etprop import builder, flows, pipeline
+from etprop.oracles import coverage, cycles, differential, growth
+from etprop.outcomes import Outcome
+
+
+@pytest.fixture(scope="module")
+def lowerings(make_linear_relu_spec):
+    built = builder.build(make_linear_relu_spec(out_features=16))
+    exported = pipeline.export_program(built)
+    result = {name: pipeline.lower(built, flows.get(name), exported) for name in ("portable", "xnnpack")}
+    for lowering in result.values():
+        assert lowering.ok, lowering.error
+    return result
+
+
+def _weight(lowering):
+    return lowering.built.module.l0.weight.detach()
+
+
+def test_growth_passes_when_each_weight_is_stored_once(lowerings):
+    for lowering in lowerings.values():
+        verdict = growth.check(lowering)
+        assert verdict.ok, verdict.message
+    assert sum(growth.count_occurrences(lowerings["xnnpack"].pte, _weight(lowerings["xnnpack"])).values()) == 1
+
+
+@pytest.mark.parametrize("layout", ["same", "transposed"])
+def test_growth_names_a_weight_stored_twice(lowerings, layout):
+    lowering = lowerings["xnnpack"]
+    weight = _weight(lowering)
+    extra = (weight if layout == "same" else weight.t()).contiguous().numpy().tobytes()
+    broken = dataclasses.replace(lowering, pte=lowering.pte + extra)
+    verdict = growth.check(broken)
+    assert not verdict.ok
+    assert "l0.weight (16, 8) (512 bytes) stored 2 times" in verdict.message
+
+
+def test_cycles_pass_on_real_partitions(lowerings):
+    lowering = lowerings["xnnpack"]
+    assert lowering.partitions and lowering.partitions[0]["partitions"]
+    assert cycles.check(lowering).ok
+
+
+def _tagged_graph():
+    def f(x):
+        a = torch.relu(x)
+        b = torch.sigmoid(a)
+        return torch.tanh(a + b)
+    gm = torch.fx.symbolic_trace(f)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    return gm, nodes
+
+
+def test_cycles_reject_a_hand_made_cyclic_partition(lowerings):
+    gm, nodes = _tagged_graph()
+    # relu and add in one partition, sigmoid (between them) outside: contracting
+    # the partition gives P -> sigmoid -> P.
+    nodes["relu"].meta["delegation_tag"] = "P0"
+    nodes["add"].meta["delegation_tag"] = "P0"
+    records = cycles.snapshot(gm, {"P0": None})
+    assert records[0]["not_convex"] == ["P0"]
+    broken = dataclasses.replace(lowerings["xnnpack"], partitions=records)
+    verdict = cycles.check(broken)
+    assert not verdict.ok
+    assert "partition P0 in root is not convex" in verdict.message and "cycle" in verdict.message
+
+
+def test_cycles_reject_two_partitions_that_depend_on_each_other():
+    def f(x):
+        a = torch.relu(x)      # P0
+        b = torch.sigmoid(x)   # P1
+        c = torch.tanh(a)      # P1
+        d = torch.neg(b)       # P0
+        return c + d
+    gm = torch.fx.symbolic_trace(f)
+    tags = {"relu": "P0", "neg": "P0", "sigmoid": "P1", "tanh": "P1"}
+    for node in gm.graph.nodes:
+        if node.name in tags:
+            node.meta["delegation_tag"] = tags[node.name]
+    record = cycles.snapshot(gm, {"P0": None, "P1": None})[0]
+    assert record["cycle"] == ["P0", "P1"]
+
+
+def test_coverage_names_a_gemm_left_on_portable(lowerings):
+    portable = lowerings["portable"]
+    claimed = dataclasses.replace(portable, flow=flows.get("xnnpack"))
+    verdict = coverage.check(claimed)
+    assert not verdict.ok
+    assert "static weight" in verdict.message and "forward/" in verdict.message
+    assert coverage.check(lowerings["xnnpack"]).ok
+    assert coverage.check(portable).ok  # portable promises nothing
+
+
+def test_differential_rejects_growth_and_new_lowering_failures(lowerings):
+    base, candidate = lowerings["xnnpack"], lowerings["xnnpack"]
+    ok = differential.check(dataclasses.replace(candidate, flow=flows.get("portable")),
+                            {"xnnpack": base, "portable": candidate})
+    assert ok.ok, ok.message
+    grown = dataclasses.replace(candidate, flow=flows.get("portable"), pte=candidate.pte + bytes(4096))
+    verdict = differential.check(grown, {"xnnpack": base, "portable": grown})
+    assert not verdict.ok and ".pte grew" in verdict.message
+    failed = dataclasses.replace(candidate, flow=flows.get("portable"), outcome=Outcome.LOWERING_ERROR,
+                                 error="RuntimeError: boom")
+    verdict = differential.check(failed, {"xnnpack": base, "portable": failed})
+    assert not verdict.ok and "xnnpack lowers this program but portable fails: RuntimeError: boom" in verdict.message
+    worse = differential.check(dataclasses.replace(lowerings["portable"], flow=flows.get("portable")),
+                               {"xnnpack": base, "portable": lowerings["portable"]})
+    assert not worse.ok and "more ops outside delegates" in worse.message
