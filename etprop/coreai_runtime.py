@@ -7,8 +7,11 @@ interprets the lowered method graph on CPU, as ExecuTorch would, and hands
 each ``executorch_call_delegate`` to the Core AI runtime.
 
 Isolation: a crash inside the Core AI runtime (native code) takes down the
-process that calls it. Callers that must survive one run this inside the
-pipeline's worker process; nothing here guards against it.
+process that calls it, and a hang cannot be interrupted from Python (coreai-core
+1.0.0b2 never finishes loading some bundles while its memory grows; see
+findings/coreai-load-hang-double-negation.md). The pipeline's worker process,
+with a time and memory limit, is what isolates callers; nothing here guards
+against either.
 """
 
 from __future__ import annotations
@@ -324,7 +327,10 @@ class CoreAIProgram:
             else:
                 raise NotImplementedError(f"input kind {spec.kind} in method '{method}'")
         outputs = _Interpreter(ep.graph_module, self).run(*values)
-        return [value for spec, value in zip(signature.output_specs, outputs)
+        # Copies, as the ExecuTorch runtime hands back: an output may be an
+        # input passed straight through.
+        return [value.clone() if isinstance(value, torch.Tensor) else value
+                for spec, value in zip(signature.output_specs, outputs)
                 if spec.kind == OutputKind.USER_OUTPUT]
 
 

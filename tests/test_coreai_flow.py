@@ -415,3 +415,44 @@ def test_bundle_files_carry_their_own_hash(linear):
         mlirb = files["model.aimodel/main.mlirb"]
         assert hashlib.sha256(mlirb).hexdigest() == bundle_hashes(program)[key]
         assert files["model.aimodel/main.hash"] == hashlib.sha256(mlirb).digest()
+
+
+class TwiceNegated(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.linspace(-1.0, 1.0, 3))
+
+    def forward(self, x):
+        return x + ((self.p * -1.0) * -1.0).sum()
+
+
+_LOADER = textwrap.dedent("""
+    import asyncio, resource, sys
+    from coreai.authoring import AIModelAsset
+
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+    async def main():
+        async with AIModelAsset.load(sys.argv[1]).executable():
+            print("LOADED", flush=True)
+
+    asyncio.run(main())
+""")
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "finding: coreai-core's Linux load of this bundle never returns and grows memory; "
+    "see findings/coreai-load-hang-double-negation.md"))
+def test_bundle_with_a_twice_negated_constant_loads():
+    """Loaded in a child process with a time and memory limit: the hang cannot
+    be interrupted in-process."""
+    program = lower({"forward": (TwiceNegated().eval(), (torch.randn(2, 3),))})
+    with CoreAIProgram(program) as runner:
+        (lowered,) = coreai_delegates(program).values()
+        path = runner.bundle_path(json.loads(bytes(lowered.processed_bytes)))
+        try:
+            done = subprocess.run([sys.executable, "-c", _LOADER, str(path)],
+                                  capture_output=True, text=True, timeout=20)
+        except subprocess.TimeoutExpired:
+            pytest.fail("the bundle did not load within 20 s")
+    assert "LOADED" in done.stdout, done.stderr[-2000:]

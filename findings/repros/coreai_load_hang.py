@@ -1,0 +1,104 @@
+"""Repro: Core AI on Linux never finishes loading a bundle whose constant is negated twice.
+
+Needs only torch 2.13, executorch 1.5.1, coreai-torch 0.4.2 and coreai-core
+1.0.0b2. Lowers ``x + ((p * -1.0) * -1.0).sum()`` (``p`` a parameter) with the
+stock Core AI recipe, writes the delegate's bundle out of the named data, and
+loads it with ``AIModelAsset.executable()`` in a child process limited to
+4 GB of address space and LOAD_SECONDS. The control, ``x + (p * -1.0).sum()``,
+loads in well under a second. Exits 1 if the double negation does not load.
+
+Observed: the load does not return (no error); left alone, memory grows
+steadily (13 GB after about five minutes in one run).
+"""
+
+import json
+import resource
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+from executorch.backends.apple.coreai import (
+    CoreAIPartitioner,
+    get_default_compile_config,
+    get_default_passes,
+)
+from executorch.exir import to_edge_transform_and_lower
+
+LOAD_SECONDS = 30
+
+LOADER = """
+import asyncio, sys, time
+from coreai.authoring import AIModelAsset
+
+async def main():
+    started = time.time()
+    async with AIModelAsset.load(sys.argv[1]).executable() as model:
+        print(f"loaded in {time.time() - started:.2f} s", flush=True)
+
+asyncio.run(main())
+"""
+
+
+class Negated(torch.nn.Module):
+    def __init__(self, twice: bool):
+        super().__init__()
+        self.p = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 3))
+        self.twice = twice
+
+    def forward(self, x):
+        value = self.p * -1.0
+        if self.twice:
+            value = value * -1.0
+        return x + value.sum()
+
+
+def bundle(module: torch.nn.Module, out: Path) -> Path:
+    ep = torch.export.export(module.eval(), (torch.randn(2, 3),))
+    program = to_edge_transform_and_lower(
+        ep,
+        partitioner=[CoreAIPartitioner()],
+        transform_passes=get_default_passes(),
+        compile_config=get_default_compile_config(),
+    ).to_executorch()
+    lowered = program.exported_program().graph_module.lowered_module_0
+    manifest = json.loads(bytes(lowered.processed_bytes))
+    store = program._named_data
+    for rel in manifest["files"]:
+        entry = store.pte_data[f"coreai/{manifest['hash']}/{rel}"]
+        target = out / manifest["hash"] / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(store.buffers[entry.buffer_index])
+    return out / manifest["path"]
+
+
+def limit_memory():
+    resource.setrlimit(resource.RLIMIT_AS, (4 << 30, 4 << 30))
+
+
+def load(path: Path) -> str:
+    try:
+        done = subprocess.run([sys.executable, "-c", LOADER, str(path)], capture_output=True,
+                              text=True, timeout=LOAD_SECONDS, preexec_fn=limit_memory)
+    except subprocess.TimeoutExpired:
+        return f"did not load within {LOAD_SECONDS} s"
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("loaded")]
+    return lines[-1] if lines else f"failed (rc={done.returncode}): {done.stderr[-500:]}"
+
+
+def main() -> int:
+    out = Path(tempfile.mkdtemp())
+    results = {}
+    for twice in (False, True):
+        path = bundle(Negated(twice), out / ("twice" if twice else "once"))
+        results[twice] = load(path)
+        print(f"(p * -1.0){' * -1.0' if twice else ''}: {results[twice]}   [{path}]")
+    if results[True].startswith("loaded"):
+        return 0
+    print("DEFECT: the Core AI runtime does not finish loading the double negation")
+    return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
