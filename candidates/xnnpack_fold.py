@@ -440,6 +440,34 @@ def upstream_has_fold() -> bool:
     return any("fold" in name.lower() and "weight" in name.lower() for name in dir(passes))
 
 
+# Standalone repro scripts have no context hook: their partitioners() installs
+# the fold for the rest of the (short-lived) script.
+FOLD_RECIPE = """
+_fold_hook = []
+
+
+def partitioners():
+    from etprop.candidates.xnnpack_fold import FoldingXnnpackPartitioner, install_fold, upstream_has_fold
+
+    if upstream_has_fold():
+        from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+        return [XnnpackPartitioner()]
+    if not _fold_hook:
+        _fold_hook.append(install_fold())
+        _fold_hook[0].__enter__()
+    return [FoldingXnnpackPartitioner()]
+
+
+def transform_passes():
+    return []
+
+
+def compile_config():
+    return None
+"""
+
+
 def _partitioners() -> list:
     if upstream_has_fold():
         from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
@@ -458,5 +486,6 @@ XNNPACK_FOLD = register(Flow(
     partitioners=_partitioners,
     context=_context,
     baseline="xnnpack",
+    repro_recipe=FOLD_RECIPE,
     promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS | {"gemm_computed_weight"}),
 ))
