@@ -84,9 +84,9 @@ def bundle_hashes(et_program) -> dict[str, str]:
 def _named_data_of(et_program, pte: Optional[bytes]) -> dict[str, bytes]:
     """Every named blob the program carries, key -> bytes.
 
-    The .pte's own named data comes first: deserializing the bytes that ship
-    (a few ms) means a bundle that does not survive serialization fails here
-    rather than passing from the in-memory copy. The in-memory store
+    The .pte's own named data wins: deserializing the bytes that ship (a few
+    ms) means a bundle that does not survive serialization fails here rather
+    than passing from the in-memory copy. The in-memory store
     (``ExecutorchProgramManager._named_data`` in 1.5.1) adds external data
     (.ptd) the .pte only refers to.
     """
@@ -135,7 +135,10 @@ def _io_names(asset) -> tuple[list[str], list[str]]:
         raise RuntimeError(f"Core AI bundle at {asset.path} has no '{_ENTRYPOINT}' graph")
 
     def names(attrs) -> list[str]:
-        return [attr["coreai.name"].value for attr in attrs]
+        found = [attr["coreai.name"].value for attr in attrs]
+        if len(set(found)) != len(found):
+            raise RuntimeError(f"Core AI bundle at {asset.path} repeats an I/O name: {found}")
+        return found
 
     return names(graph.arg_attrs), names(graph.res_attrs)
 
@@ -150,6 +153,12 @@ def _to_torch(array) -> torch.Tensor:
     if data.dtype.name == "bfloat16":
         return torch.from_numpy(data.view("uint16").copy()).view(torch.bfloat16)
     return torch.from_numpy(data.copy())
+
+
+def _initial(ep, target: str) -> torch.Tensor:
+    """A fresh copy of a parameter or buffer (non-persistent buffers live in constants)."""
+    source = ep.state_dict if target in ep.state_dict else ep.constants
+    return source[target].clone()
 
 
 class CoreAIProgram:
@@ -289,7 +298,7 @@ class CoreAIProgram:
             elif spec.kind == InputKind.BUFFER and spec.target in mutated:
                 key = (id(lowered), spec.target)
                 if key not in state:
-                    state[key] = sub.state_dict[spec.target].clone()
+                    state[key] = _initial(sub, spec.target)
                 feed.append(state[key])
         if len(feed) != len(loaded.input_names):
             raise RuntimeError(f"delegate feeds {len(feed)} inputs; its bundle takes {len(loaded.input_names)}")
@@ -320,8 +329,7 @@ class CoreAIProgram:
             if spec.kind == InputKind.USER_INPUT:
                 values.append(next(user))
             elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-                source = ep.state_dict if spec.target in ep.state_dict else ep.constants
-                values.append(source[spec.target].clone())
+                values.append(_initial(ep, spec.target))
             elif spec.kind in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
                 values.append(ep.constants[spec.target])
             else:
