@@ -122,6 +122,16 @@ def test_pte_not_larger_than_stock(positive, case):
     assert len(fold.buffer) <= len(stock.buffer)
 
 
+def test_partitioner_without_the_fold_hook_is_stock(positive):
+    """Outside its context the fold partitioner must not take what preprocess cannot fold."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    module, inputs, _, stock = positive["custom_parametrization"]
+    edge = to_edge_transform_and_lower(torch.export.export(module.eval(), inputs),
+                                       partitioner=[xnnpack_fold.FoldingXnnpackPartitioner()])
+    assert edge.to_executorch().buffer == stock.buffer
+
+
 def test_folded_delegate_is_the_parameter_delegate(monkeypatch):
     """A folded weight is indistinguishable from a parameter weight.
 
