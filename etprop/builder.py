@@ -7,7 +7,11 @@ source, plus lowering code), and readable counterexamples.
 
 from __future__ import annotations
 
+import collections
+import copy
 import linecache
+import sys
+import types
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -23,6 +27,9 @@ import torch.nn.functional as F
 from torch import nn
 from torch.nn.utils import parametrize
 from torch.nn.utils import parametrizations
+from torch._higher_order_ops.map import map as hop_map
+from torch._higher_order_ops.scan import scan as hop_scan
+from torch._higher_order_ops.while_loop import while_loop as hop_while_loop
 
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
@@ -237,13 +244,13 @@ def _control_flow_lines(node: dict, indent: str) -> list[str]:
         lines.append(f"{indent}{nid} = torch.cond({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
     elif op == "map":
         lines += _function_lines(f"_{nid}_body", bodies[0]["params"], bodies[0], indent)
-        lines.append(f"{indent}{nid} = torch._higher_order_ops.map.map(_{nid}_body, {', '.join(args)})[0]")
+        lines.append(f"{indent}{nid} = hop_map(_{nid}_body, {', '.join(args)})[0]")
     elif op == "scan":
         body = bodies[0]
         carry, xs = body["params"][:2]
         lines += _function_lines(f"_{nid}_combine", body["params"], body, indent,
                                  returns=f"{body['outputs'][0]}, {body['outputs'][-1]}.clone()")
-        lines.append(f"{indent}{nid} = torch._higher_order_ops.scan.scan(_{nid}_combine, {args[0]}, "
+        lines.append(f"{indent}{nid} = hop_scan(_{nid}_combine, {args[0]}, "
                      f"{args[1]})[{attrs.get('select', 1)!r}]")
     elif op == "while_loop":
         body = bodies[0]
@@ -253,7 +260,7 @@ def _control_flow_lines(node: dict, indent: str) -> list[str]:
         lines.append(f"{indent}def _{nid}_body(step, {param}):")
         lines += _body_lines(body["nodes"], indent + "    ")
         lines.append(f"{indent}    return (step + 1, {body['outputs'][0]}.clone())")
-        lines.append(f"{indent}{nid} = torch._higher_order_ops.while_loop.while_loop(_{nid}_cond, "
+        lines.append(f"{indent}{nid} = hop_while_loop(_{nid}_cond, "
                      f"_{nid}_body, (torch.zeros((), dtype=torch.int64), {args[0]}))[1]")
     return lines
 
@@ -278,6 +285,7 @@ class BuiltProgram:
     source: str
     module: torch.nn.Module
     namespace: dict = field(repr=False)
+    _double: Optional[torch.nn.Module] = field(default=None, repr=False)
 
     @property
     def methods(self) -> list[str]:
@@ -305,6 +313,24 @@ class BuiltProgram:
             specs.append(dims or None)
         return tuple(specs)
 
+    def noise(self, method: str, inputs: tuple, expected: list[torch.Tensor]) -> list[torch.Tensor]:
+        """Per-element distance between the float32 eager result and a float64
+        run of the same program: how much rounding alone moves each output.
+        Ill-conditioned programs (normalizing a nearly constant tensor,
+        rounding near .5) have large noise; the equivalence oracle allows it."""
+        if self._double is None:
+            self._double = copy.deepcopy(self.module).double()
+        wide = tuple(x.double() if x.is_floating_point() else x for x in inputs)
+        saved = {k: v.clone() for k, v in self._double.state_dict().items()}
+        try:
+            with torch.no_grad():
+                reference = list(getattr(self._double, method)(*wide))
+        finally:
+            self._double.load_state_dict(saved)
+        return [(want.double() - ref).abs().nan_to_num(0.0, 0.0, 0.0) if want.is_floating_point()
+                else torch.zeros(want.shape, dtype=torch.float64)
+                for want, ref in zip(expected, reference)]
+
     def eager(self, method: str, inputs: tuple) -> list[torch.Tensor]:
         """Eager reference outputs. Buffers mutated by the method are restored
         afterwards, so the next call starts from the same initial state."""
@@ -326,6 +352,9 @@ class _MethodView(torch.nn.Module):
         return getattr(self.program, self.method)(*args)
 
 
+_REGISTERED: collections.deque = collections.deque()
+
+
 def build(spec: dict, validate: bool = True) -> BuiltProgram:
     """Spec → module (in eval mode) with its generated source."""
     if validate:
@@ -333,7 +362,15 @@ def build(spec: dict, validate: bool = True) -> BuiltProgram:
     source = render_source(spec)
     filename = f"<etprop program {specmod.digest(spec)}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-    namespace: dict = {"__name__": "etprop_program"}
+    # A real module in sys.modules: dynamo re-imports the module of functions it
+    # traces (control-flow bodies). Only the most recent programs stay registered.
+    module_name = f"etprop_program_{specmod.digest(spec)}"
+    program_module = types.ModuleType(module_name)
+    namespace = program_module.__dict__
+    sys.modules[module_name] = program_module
+    _REGISTERED.append(module_name)
+    while len(_REGISTERED) > 32:
+        sys.modules.pop(_REGISTERED.popleft(), None)
     exec(compile(source, filename, "exec"), namespace)
     module = namespace["Program"]().eval()
     return BuiltProgram(spec=spec, source=source, module=module, namespace=namespace)

@@ -26,6 +26,8 @@ from etprop.report import Summary, write_reports
 
 PROPERTIES_DIR = Path(__file__).resolve().parent.parent / "properties"
 EXAMPLES_PER_ROUND = 4
+# How long a round may run past the budget to finish shrinking a failure.
+SHRINK_GRACE_SECONDS = 600
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -102,7 +104,7 @@ class Campaign:
             remaining = deadline - time.time()
             try:
                 completed = subprocess.run(self._pytest_command(round_index, per_round), env=self._env(deadline),
-                                           timeout=remaining + 120, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           timeout=remaining + SHRINK_GRACE_SECONDS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            text=True)
                 status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
                     completed.returncode, f"pytest exit {completed.returncode}")

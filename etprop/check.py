@@ -71,6 +71,24 @@ class Artifacts:
         slug = outcome.value.replace(" ", "-")
         return self.root / "repros" / f"{prop}--{flow.replace('+', '_')}--{slug}.json"
 
+    def keep(self, spec: dict, flows: list[str], prop: str, result: FlowResult) -> Path:
+        """Every failing example, as found (repros/history/): nothing is lost
+        when a smaller example of the same class replaces the headline repro."""
+        path = self.root / "repros" / "history" / f"{prop}--{specmod.digest(spec)}.json"
+        return repro.write(path, spec, flows, prop, result.outcome.value, result.message, script=False)
+
+    @staticmethod
+    def smaller_than_recorded(path: Path, spec: dict) -> bool:
+        """The headline repro of a failure class is the smallest example seen,
+        whether or not Hypothesis's shrinking got to finish."""
+        if not path.exists():
+            return True
+        try:
+            recorded = json.loads(path.read_text())["spec"]
+        except (OSError, ValueError, KeyError):
+            return True
+        return _size(spec) <= _size(recorded)
+
     def record(self, result: ExampleResult) -> None:
         self.results_file.parent.mkdir(parents=True, exist_ok=True)
         line = {"property": result.prop, "digest": specmod.digest(result.spec),
@@ -82,6 +100,10 @@ class Artifacts:
                            "message": r.message[:2000]} for r in result.results]}
         with open(self.results_file, "a") as handle:
             handle.write(json.dumps(line) + "\n")
+
+
+def _size(spec: dict) -> tuple[int, int]:
+    return specmod.count_ops(spec), len(json.dumps(spec))
 
 
 def _flow_result(flow: Flow, lowering: pipeline.Lowering, oracles: list[Oracle], lowerings: dict) -> FlowResult:
@@ -117,9 +139,11 @@ def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
             finding = findings.match(result.flow, result.outcome.value, result.message)
             result.known = finding.id if finding else None
     for result in example.new_failures:
-        example.repro = repro.write(artifacts.repro_path(prop, result.flow, result.outcome), spec,
-                                    [f for f in flow_names if f != result.flow] + [result.flow],
-                                    prop, result.outcome.value, result.message)
+        flows_in_order = [f for f in flow_names if f != result.flow] + [result.flow]
+        artifacts.keep(spec, flows_in_order, prop, result)
+        example.repro = artifacts.repro_path(prop, result.flow, result.outcome)
+        if artifacts.smaller_than_recorded(example.repro, spec):
+            repro.write(example.repro, spec, flows_in_order, prop, result.outcome.value, result.message)
     example.seconds = time.perf_counter() - started
     # Lowering stages plus oracle time (almost all of it running the program).
     example.executorch_seconds = sum(

@@ -96,20 +96,23 @@ class Summary:
 
     def html(self) -> str:
         esc = html.escape
+        def badges(counts: Counter) -> str:
+            return "".join(f'<span class="o {esc(o.split()[0])}">{n} {esc(o)}</span>'
+                           for o, n in counts.most_common())
+
         rows = "".join(
             f"<tr><td>{esc(prop)}</td><td><code>{esc(flow)}</code></td><td>{sum(c.values())}</td>"
-            f"<td>{''.join(f'<span class=\"o {esc(o.split()[0])}\">{n} {esc(o)}</span>' for o, n in c.most_common())}</td></tr>"
-            for (prop, flow), c in sorted(self.cells().items()))
+            f"<td>{badges(c)}</td></tr>" for (prop, flow), c in sorted(self.cells().items()))
         coverage = self.op_coverage()
         all_ops = sorted({op for c in coverage.values() for op in c})
         cov_head = "".join(f"<th>{esc(flow)}</th>" for flow in sorted(coverage))
         cov_rows = "".join(
             f"<tr><td><code>{esc(op)}</code></td>"
-            + "".join(f"<td class=\"{'hit' if coverage[f][op] else 'miss'}\">{coverage[f][op]}</td>"
+            + "".join(f"<td class='{'hit' if coverage[f][op] else 'miss'}'>{coverage[f][op]}</td>"
                       for f in sorted(coverage)) + "</tr>" for op in all_ops)
         failures = "".join(
             f"<li><b>{esc(f['flow'])}</b> / {esc(f['property'])}: <b>{esc(f['outcome'])}</b> "
-            f"<a href=\"{esc(str(f['repro'] or ''))}\">repro</a><pre>{esc(f['message'][:1500])}</pre></li>"
+            f"<a href='{esc(str(f['repro'] or ''))}'>repro</a><pre>{esc(f['message'][:1500])}</pre></li>"
             for f in self.failures()) or "<li>none</li>"
         return f"""<!doctype html><html><head><meta charset="utf-8"><title>etprop campaign</title>
 <style>body{{font-family:sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse;margin-bottom:2em}}

@@ -27,10 +27,14 @@ def failure_type(outcome: Outcome) -> type:
 class Session:
     def __init__(self, artifacts_dir: Path):
         self.artifacts = Artifacts(artifacts_dir)
+        self.failed: set[tuple] = set()
 
     def check(self, spec: dict, flows: list, prop: str, oracles: list[Oracle]) -> ExampleResult | None:
         deadline = os.environ.get("ETPROP_DEADLINE")
-        if deadline and time.time() > float(deadline):
+        key = (prop, tuple(f.name for f in flows))
+        # Past the budget, new exploration stops; a property that has failed in
+        # this process keeps running so Hypothesis can finish shrinking it.
+        if deadline and time.time() > float(deadline) and key not in self.failed:
             event("not run: past the campaign's budget")
             return None
         result = run_example(spec, flows, prop, oracles, self.artifacts)
@@ -39,6 +43,7 @@ class Session:
                   + (f" (known {flow_result.known})" if flow_result.known else ""))
         failures = result.new_failures
         if failures:
+            self.failed.add(key)
             first = failures[0]
             note(f"repro written to {result.repro}")
             failed = next(v for v in first.verdicts if not v.ok)

@@ -74,3 +74,41 @@ def programs(draw, min_nodes: int = 1, max_nodes: int = 32, computed_weights: bo
 def computed_weight_programs(min_nodes: int = 1, max_nodes: int = 16):
     """GEMMs whose weights are computed (weight_norm, spectral_norm, custom)."""
     return programs(min_nodes=min_nodes, max_nodes=max_nodes, computed_weights=True, gemm_heavy=True)
+
+
+def _reinfer(program: ProgramDraft, body: dict, inputs: list[Value]) -> bool:
+    """Whether ``body``'s nodes still type-check with other input shapes."""
+    graph = GraphDraft(program, inputs)
+    known = {v.name: v for v in inputs}
+    for node in body["nodes"]:
+        if node["op"] in ("cond", "map", "scan", "while_loop"):
+            return False
+        args = [known[a] for a in node["args"]]
+        shape = graph.infer(node, args)
+        if shape is None:
+            return False
+        known[node["id"]] = Value(node["id"], shape)
+    return True
+
+
+@st.composite
+def multi_method_programs(draw, min_methods: int = 2, max_methods: int = 4, max_nodes: int = 16):
+    """Several methods over shared weights: the same graph at another batch
+    size (decode/prefill style), or a different graph over the same state."""
+    program = ProgramDraft()
+    first = draw(method_body(program, 2, max_nodes, DRAWERS + GEMM_DRAWERS))
+    methods = {"forward": first}
+    for index in range(1, draw(st.integers(min_methods, max_methods))):
+        name = draw(st.sampled_from(["prefill", "decode", "encode", "score"]).filter(lambda n: n not in methods)) \
+            if index < 4 else f"method{index}"
+        style = draw(st.sampled_from(["same_graph_other_shape", "other_graph"]))
+        if style == "same_graph_other_shape":
+            inputs = [Value(i["name"], (draw(st.integers(1, 8)),) + tuple(i["shape"][1:])) for i in first["inputs"]]
+            if _reinfer(program, first, inputs):
+                methods[name] = {"inputs": _inputs_spec(inputs), "nodes": first["nodes"],
+                                 "outputs": first["outputs"]}
+                event("multi-method: same graph, other batch")
+                continue
+        methods[name] = draw(method_body(program, 2, max_nodes, GEMM_DRAWERS + DRAWERS))
+        event("multi-method: other graph, shared state")
+    return {"format": FORMAT, "state": program.state, "methods": methods}
