@@ -1,6 +1,6 @@
 """Which oracles each property runs; one place, so a new oracle joins every property."""
 
-from etprop.oracles import coverage, cycles, differential, equivalence, growth
+from etprop.oracles import coverage, cycles, differential, equivalence, growth, shared_cache
 
 
 def _equivalence(lowering, lowerings):
@@ -10,10 +10,13 @@ def _equivalence(lowering, lowerings):
 # Every single-flow property reads one lowering with all of these.
 SINGLE_FLOW = [_equivalence, growth.check, cycles.check, coverage.check]
 DIFFERENTIAL = SINGLE_FLOW + [differential.check]
+MULTI_METHOD = SINGLE_FLOW + [shared_cache.check]
 
 # The oracles each property runs, by the property name recorded in repros.
 ORACLES_BY_PROPERTY = {
     "mixed": SINGLE_FLOW,
     "computed_weights": SINGLE_FLOW,
     "differential": DIFFERENTIAL,
+    "control_flow": SINGLE_FLOW,
+    "multi_method": MULTI_METHOD,
 }

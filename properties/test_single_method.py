@@ -4,8 +4,9 @@ and satisfies the flow's structural promises."""
 import pytest
 from hypothesis import given
 
-from etprop.properties.oracle_sets import SINGLE_FLOW
-from etprop.strategies.programs import computed_weight_programs, programs
+from etprop.properties.oracle_sets import MULTI_METHOD, SINGLE_FLOW
+from etprop.strategies.control_flow import control_flow_programs
+from etprop.strategies.programs import computed_weight_programs, multi_method_programs, programs
 
 
 @pytest.mark.etprop_family("mixed")
@@ -18,3 +19,15 @@ def test_mixed_programs(flow, spec, etprop):
 @given(spec=computed_weight_programs())
 def test_computed_weight_programs(flow, spec, etprop):
     etprop.check(spec, [flow], "computed_weights", SINGLE_FLOW)
+
+
+@pytest.mark.etprop_family("control_flow")
+@given(spec=control_flow_programs())
+def test_control_flow_programs(flow, spec, etprop):
+    etprop.check(spec, [flow], "control_flow", SINGLE_FLOW)
+
+
+@pytest.mark.etprop_family("multi_method")
+@given(spec=multi_method_programs())
+def test_multi_method_programs(flow, spec, etprop):
+    etprop.check(spec, [flow], "multi_method", MULTI_METHOD)
