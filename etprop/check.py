@@ -10,6 +10,7 @@ Order of events for an example:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import time
@@ -35,6 +36,7 @@ class FlowResult:
     verdicts: list[Verdict] = field(default_factory=list)
     known: Optional[str] = None   # id of the matching finding
     seconds: dict = field(default_factory=dict)
+    pte_sha256: str = ""
 
     @property
     def message(self) -> str:
@@ -118,7 +120,8 @@ def _flow_result(flow: Flow, lowering: pipeline.Lowering, oracles: list[Oracle],
         verdicts.append(verdict)
     failed = [v for v in verdicts if not v.ok]
     outcome = failed[0].outcome if failed else Outcome.PASS
-    return FlowResult(flow.name, outcome, verdicts, seconds=dict(lowering.seconds))
+    return FlowResult(flow.name, outcome, verdicts, seconds=dict(lowering.seconds),
+                      pte_sha256=hashlib.sha256(lowering.pte).hexdigest())
 
 
 def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
@@ -134,20 +137,34 @@ def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
         lowerings[flow.name] = pipeline.lower(built, flow, exported)
     results = [_flow_result(flow, lowerings[flow.name], oracles, lowerings) for flow in flows]
     example = ExampleResult(prop, spec, results)
-    for result in results:
+    example.seconds = time.perf_counter() - started
+    # Lowering stages plus oracle time (almost all of it running the program).
+    example.executorch_seconds = sum(
+        seconds for low in lowerings.values() for seconds in low.seconds.values())
+    finish(example, flow_names, artifacts)
+    pending.unlink(missing_ok=True)
+    return example
+
+
+def run_example_by_name(spec: dict, flow_names: list[str], prop: str, oracles: list[Oracle],
+                        artifacts_root: str) -> ExampleResult:
+    """run_example with flows named, for worker processes (flows hold lambdas)."""
+    from etprop import flows as flowreg
+
+    return run_example(spec, [flowreg.get(n) for n in flow_names], prop, oracles, Artifacts(artifacts_root))
+
+
+def finish(example: ExampleResult, flow_names: list[str], artifacts: Artifacts) -> None:
+    """Match failures against known findings, write repros, record the result."""
+    for result in example.results:
         if result.outcome.is_failure:
             finding = findings.match(result.flow, result.outcome.value, result.message)
             result.known = finding.id if finding else None
     for result in example.new_failures:
         flows_in_order = [f for f in flow_names if f != result.flow] + [result.flow]
-        artifacts.keep(spec, flows_in_order, prop, result)
-        example.repro = artifacts.repro_path(prop, result.flow, result.outcome)
-        if artifacts.smaller_than_recorded(example.repro, spec):
-            repro.write(example.repro, spec, flows_in_order, prop, result.outcome.value, result.message)
-    example.seconds = time.perf_counter() - started
-    # Lowering stages plus oracle time (almost all of it running the program).
-    example.executorch_seconds = sum(
-        seconds for low in lowerings.values() for seconds in low.seconds.values())
+        artifacts.keep(example.spec, flows_in_order, example.prop, result)
+        example.repro = artifacts.repro_path(example.prop, result.flow, result.outcome)
+        if artifacts.smaller_than_recorded(example.repro, example.spec):
+            repro.write(example.repro, example.spec, flows_in_order, example.prop,
+                        result.outcome.value, result.message)
     artifacts.record(example)
-    pending.unlink(missing_ok=True)
-    return example

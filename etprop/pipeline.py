@@ -15,6 +15,7 @@ from typing import Any, Optional
 
 import torch
 
+from etprop import stages
 from etprop.builder import BuiltProgram
 from etprop.flows.base import Flow
 from etprop.outcomes import Outcome
@@ -116,6 +117,7 @@ def lower(built: BuiltProgram, flow: Flow, exported: Optional[dict] = None) -> L
     with flow.context():
         stage = "lowering"
         try:
+            stages.enter("lowering", flow.name)
             t0 = time.perf_counter()
             lowering.edge = to_edge_transform_and_lower(
                 dict(exported),
@@ -124,8 +126,10 @@ def lower(built: BuiltProgram, flow: Flow, exported: Optional[dict] = None) -> L
                 compile_config=flow.compile_config() if flow.compile_config else None,
             )
             t1 = time.perf_counter()
+            stages.enter("to_executorch", flow.name)
             lowering.executorch = lowering.edge.to_executorch(backend_config(flow, built))
             stage = "serialization"
+            stages.enter("serialization", flow.name)
             t2 = time.perf_counter()
             lowering.pte = lowering.executorch.buffer
             lowering.seconds.update(lower=t1 - t0, to_executorch=t2 - t1,

@@ -115,7 +115,11 @@ def pytest_generate_tests(metafunc):
 def etprop(pytestconfig):
     from etprop.session import Session
 
-    return Session(Path(option(pytestconfig, "artifacts", "artifacts")))
+    module = option(pytestconfig, "flow_module")
+    session = Session(Path(option(pytestconfig, "artifacts", "artifacts")),
+                      flow_modules=module.split(",") if module else [])
+    yield session
+    session.close()
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -7,6 +7,8 @@ from typing import Protocol
 
 import torch
 
+from etprop import stages
+
 
 class ProgramRunner(Protocol):
     def run(self, method: str, inputs: tuple) -> list[torch.Tensor]: ...
@@ -21,13 +23,16 @@ class PteRunner:
     serialized initial state, as eager does.
     """
 
-    def __init__(self, pte: bytes):
+    def __init__(self, pte: bytes, flow: str = ""):
         from executorch.runtime import Runtime
 
         self._buffer = pte
+        self._flow = flow
+        stages.enter("runtime load", flow)
         self._program = Runtime.get().load_program(self._buffer)
 
     def run(self, method: str, inputs: tuple) -> list[torch.Tensor]:
+        stages.enter(f"runtime execution of '{method}'", self._flow)
         loaded = self._program.load_method(method)
         if loaded is None:
             raise RuntimeError(f"method '{method}' could not be loaded from the .pte")
@@ -35,8 +40,11 @@ class PteRunner:
 
 
 def runner_for(lowering) -> ProgramRunner:
+    if lowering.flow.make_runner is not None:
+        return lowering.flow.make_runner(lowering)
     if lowering.flow.runtime == "coreai":
+        stages.enter("Core AI execution", lowering.flow.name)
         from etprop.coreai_runtime import CoreAIProgram
 
         return CoreAIProgram(lowering.executorch)
-    return PteRunner(lowering.pte)
+    return PteRunner(lowering.pte, lowering.flow.name)

@@ -1,4 +1,10 @@
-"""What a property talks to: check a spec on flows, fail with a useful message."""
+"""What a property talks to: check a spec on flows, fail with a useful message.
+
+Examples run isolated in a warm worker process (etprop/isolation.py) unless
+ETPROP_ISOLATION=0. A failure is confirmed once per failure class: re-run in
+the same worker and in a fresh one; if the reruns disagree (outcome or .pte
+bytes), the example is reported as nondeterministic instead.
+"""
 
 from __future__ import annotations
 
@@ -7,10 +13,14 @@ import time
 from pathlib import Path
 
 from hypothesis import event, note
+from hypothesis.control import currently_in_test_context
 
-from etprop.check import Artifacts, ExampleResult, Oracle, run_example
-from etprop.oracles import OracleFailure
+from etprop import stages
+from etprop.check import Artifacts, ExampleResult, FlowResult, Oracle, finish, run_example, run_example_by_name
+from etprop.isolation import Worker, WorkerDied, WorkerError
+from etprop.oracles import OracleFailure, Verdict
 from etprop.outcomes import Outcome
+from etprop.pipeline import ExportFailed
 
 _FAILURE_TYPES: dict[Outcome, type] = {}
 
@@ -24,10 +34,84 @@ def failure_type(outcome: Outcome) -> type:
     return _FAILURE_TYPES[outcome]
 
 
+def _label(text: str) -> None:
+    """A Hypothesis event when inside a Hypothesis test; nothing otherwise."""
+    if currently_in_test_context():
+        event(text)
+
+
+def isolation_enabled() -> bool:
+    return os.environ.get("ETPROP_ISOLATION", "1") != "0"
+
+
+def _signature(result: ExampleResult) -> list[tuple]:
+    return [(r.flow, r.outcome, r.pte_sha256) for r in result.results]
+
+
 class Session:
-    def __init__(self, artifacts_dir: Path):
+    def __init__(self, artifacts_dir: Path, isolated: bool | None = None, flow_modules: list[str] | None = None):
         self.artifacts = Artifacts(artifacts_dir)
         self.failed: set[tuple] = set()
+        self.confirmed: set[tuple] = set()
+        self.isolated = isolation_enabled() if isolated is None else isolated
+        self.flow_modules = flow_modules if flow_modules is not None else \
+            [m for m in os.environ.get("ETPROP_FLOW_MODULE", "").split(",") if m]
+        self._worker = Worker(self.flow_modules) if self.isolated else None
+
+    def close(self) -> None:
+        if self._worker is not None:
+            self._worker.close()
+
+    def _run(self, spec, flows, prop, oracles, worker=None) -> ExampleResult:
+        if not self.isolated:
+            return run_example(spec, flows, prop, oracles, self.artifacts)
+        worker = worker or self._worker
+        names = [f.name for f in flows]
+        try:
+            return worker.call(run_example_by_name, spec=spec, flow_names=names, prop=prop, oracles=oracles,
+                               artifacts_root=str(self.artifacts.root))
+        except WorkerError as exc:
+            if exc.type_name == "ExportFailed":
+                raise ExportFailed(str(exc)) from None
+            raise RuntimeError(f"etprop itself failed in the worker: {exc}\n{exc.formatted}") from None
+        except WorkerDied as died:
+            return self._died(spec, names, prop, died)
+
+    def _died(self, spec, names, prop, died: WorkerDied) -> ExampleResult:
+        outcome = Outcome.CRASH if died.kind == "crash" else Outcome.TIMEOUT
+        message = f"{died.kind}: {died.detail} in {stages.describe(died.stage)}"
+        culprit = died.stage.get("flow") or names[-1]
+        results = [FlowResult(name, outcome if name == culprit else Outcome.PASS,
+                              [Verdict.failed("isolation", message, outcome)] if name == culprit else [])
+                   for name in names]
+        example = ExampleResult(prop, spec, results)
+        finish(example, names, self.artifacts)
+        return example
+
+    def _confirm(self, spec, flows, prop, oracles, first: ExampleResult) -> ExampleResult:
+        """Re-run a new failure class in the same worker and a fresh one."""
+        key = (prop, tuple(f.name for f in flows), tuple(r.outcome for r in first.results))
+        if key in self.confirmed or not self.isolated:
+            return first
+        self.confirmed.add(key)
+        again = self._run(spec, flows, prop, oracles)
+        fresh_worker = Worker(self.flow_modules)
+        try:
+            fresh = self._run(spec, flows, prop, oracles, worker=fresh_worker)
+        finally:
+            fresh_worker.close()
+        signatures = {tuple(_signature(r)) for r in (first, again, fresh)}
+        if len(signatures) == 1:
+            return first
+        outcomes = " / ".join(", ".join(f"{r.flow}: {r.outcome.value}" for r in run.results)
+                              for run in (first, again, fresh))
+        results = [FlowResult(r.flow, Outcome.NONDETERMINISTIC,
+                              [Verdict.failed("determinism", f"identical runs disagree (first / same process / "
+                                                             f"fresh process): {outcomes}", Outcome.NONDETERMINISTIC)])
+                   for r in first.results]
+        example = ExampleResult(prop, spec, results)
+        finish(example, [f.name for f in flows], self.artifacts)
+        return example
 
     def check(self, spec: dict, flows: list, prop: str, oracles: list[Oracle]) -> ExampleResult | None:
         deadline = os.environ.get("ETPROP_DEADLINE")
@@ -35,17 +119,20 @@ class Session:
         # Past the budget, new exploration stops; a property that has failed in
         # this process keeps running so Hypothesis can finish shrinking it.
         if deadline and time.time() > float(deadline) and key not in self.failed:
-            event("not run: past the campaign's budget")
+            _label("not run: past the campaign's budget")
             return None
-        result = run_example(spec, flows, prop, oracles, self.artifacts)
+        result = self._run(spec, flows, prop, oracles)
+        if result.new_failures:
+            result = self._confirm(spec, flows, prop, oracles, result)
         for flow_result in result.results:
-            event(f"{flow_result.flow}: {flow_result.outcome.value}"
+            _label(f"{flow_result.flow}: {flow_result.outcome.value}"
                   + (f" (known {flow_result.known})" if flow_result.known else ""))
         failures = result.new_failures
         if failures:
             self.failed.add(key)
             first = failures[0]
-            note(f"repro written to {result.repro}")
+            if currently_in_test_context():
+                note(f"repro written to {result.repro}")
             failed = next(v for v in first.verdicts if not v.ok)
             raise failure_type(first.outcome)(failed) from None
         return result

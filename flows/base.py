@@ -58,6 +58,8 @@ class Flow:
     # "executorch": run the .pte with executorch.runtime.
     # "coreai": interpret the lowered graph, Core AI delegates on Apple's runtime.
     runtime: str = "executorch"
+    # Optional: build the runner for a lowering yourself (a runtime of your own).
+    make_runner: Optional[Callable[[Any], Any]] = None
     # Modules that must import for the flow to be available, and how to get them.
     requires: tuple[str, ...] = ()
     install_hint: str = ""

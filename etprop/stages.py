@@ -1,0 +1,23 @@
+"""Stage reporting: risky steps announce themselves before they run, so a
+worker that dies can be said to have died *there* (see etprop/isolation.py).
+In-process runs report to nobody."""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+_reporter: Optional[Callable[[dict], None]] = None
+
+
+def set_reporter(reporter: Optional[Callable[[dict], None]]) -> None:
+    global _reporter
+    _reporter = reporter
+
+
+def enter(stage: str, flow: Optional[str] = None) -> None:
+    if _reporter is not None:
+        _reporter({"stage": stage, "flow": flow})
+
+
+def describe(stage: dict) -> str:
+    return stage.get("stage", "?") + (f" ({stage['flow']})" if stage.get("flow") else "")

@@ -1,0 +1,45 @@
+"""Fault injection: a campaign survives native crashes, hangs and garbage,
+classifies each, and loses no repro."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from etprop import flows
+from etprop.outcomes import Outcome
+from etprop.properties.oracle_sets import SINGLE_FLOW
+from etprop.session import Session
+
+FAULTY = str(Path(__file__).parent / "fixtures" / "faulty_flows.py")
+
+
+@pytest.fixture(scope="module")
+def session(tmp_path_factory):
+    flows.load_flow_module(FAULTY)
+    session = Session(tmp_path_factory.mktemp("isolation"), isolated=True, flow_modules=[FAULTY])
+    yield session
+    session.close()
+
+
+@pytest.mark.parametrize("fault, outcome, message", [
+    ("test-fault-segfault", Outcome.CRASH, "crash: SIGSEGV in lowering (test-fault-segfault)"),
+    ("test-fault-abort", Outcome.CRASH, "crash: SIGABRT in lowering (test-fault-abort)"),
+    ("test-fault-hang", Outcome.TIMEOUT, "timeout: after 8 s in lowering (test-fault-hang)"),
+    ("test-fault-raise", Outcome.LOWERING_ERROR, "RuntimeError: injected"),
+    ("test-fault-runtime-segfault", Outcome.CRASH, "crash: SIGSEGV in runtime execution of 'forward'"),
+    ("test-fault-garbage", Outcome.MISMATCH, "elements differ"),
+    ("test-fault-flaky", Outcome.NONDETERMINISTIC, "identical runs disagree"),
+])
+def test_campaign_survives_and_classifies(session, tiny_spec, monkeypatch, fault, outcome, message):
+    monkeypatch.setenv("ETPROP_EXAMPLE_TIMEOUT", "8")
+    with pytest.raises(AssertionError) as failure:
+        session.check(tiny_spec, [flows.get(fault)], "mixed", SINGLE_FLOW)
+    assert failure.value.verdict.outcome is outcome
+    assert message in str(failure.value)
+    repro = session.artifacts.repro_path("mixed", fault, outcome)
+    record = json.loads(repro.read_text())
+    assert record["spec"] == tiny_spec and record["outcome"] == outcome.value
+    assert not list((session.artifacts.root / "pending").glob("*.json")) or outcome in (Outcome.CRASH, Outcome.TIMEOUT)
+    # the same session goes on working after the fault
+    assert session.check(tiny_spec, [flows.get("portable")], "mixed", SINGLE_FLOW).results[0].outcome is Outcome.PASS
