@@ -158,7 +158,7 @@ def finish(example: ExampleResult, flow_names: list[str], artifacts: Artifacts) 
     """Match failures against known findings, write repros, record the result."""
     for result in example.results:
         if result.outcome.is_failure:
-            finding = findings.match(result.flow, result.outcome.value, result.message)
+            finding = findings.match(result.flow, result.outcome.value, result.message, example.spec)
             result.known = finding.id if finding else None
     for result in example.new_failures:
         flows_in_order = [f for f in flow_names if f != result.flow] + [result.flow]

@@ -77,8 +77,12 @@ def program_weights(built) -> list[Weight]:
         for attribute in sorted({p.get("on", "weight") for p in entry.get("parametrizations", [])}):
             with torch.no_grad():
                 value = getattr(owner, attribute).detach()
+            # A computed weight that is only a re-layout of its source (stored
+            # transposed or flat) is that source: count it once, as the source.
+            if any(data in seen for _, data in _layouts(value)):
+                continue
             key = value.numpy().tobytes()
-            if value.numel() * value.element_size() >= MIN_BYTES and key not in seen:
+            if value.numel() * value.element_size() >= MIN_BYTES:
                 prefix = f"{state_name}.parametrizations.{attribute}."
                 sources = tuple(w.name for w in weights if w.name.startswith(prefix))
                 seen[key] = Weight(f"{state_name}.{attribute} (computed)", value, sources)
