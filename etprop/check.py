@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from etprop import builder, findings, pipeline, repro
+from etprop import builder, findings, pipeline, repro, stages
 from etprop import spec as specmod
 from etprop.flows.base import Flow
 from etprop.oracles import Verdict
@@ -131,7 +131,8 @@ def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
     flow_names = [f.name for f in flows]
     pending = artifacts.pending(spec, flow_names, prop)
     built = builder.build(spec, validate=False)
-    exported = pipeline.export_program(built)
+    with stages.timed("torch"):
+        exported = pipeline.export_program(built)
     lowerings = {}
     for flow in flows:
         lowerings[flow.name] = pipeline.lower(built, flow, exported)

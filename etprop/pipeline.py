@@ -111,10 +111,12 @@ def lower(built: BuiltProgram, flow: Flow, exported: Optional[dict] = None) -> L
     from executorch.exir import to_edge_transform_and_lower
 
     started = time.perf_counter()
-    exported = exported if exported is not None else export_program(built)
+    if exported is None:
+        with stages.timed("torch"):
+            exported = export_program(built)
     lowering = Lowering(flow=flow, built=built, exported=exported)
     lowering.seconds["export"] = time.perf_counter() - started
-    with flow.context():
+    with flow.context(), stages.timed("executorch"):
         stage = "lowering"
         try:
             stages.enter("lowering", flow.name)

@@ -36,7 +36,8 @@ class PteRunner:
         loaded = self._program.load_method(method)
         if loaded is None:
             raise RuntimeError(f"method '{method}' could not be loaded from the .pte")
-        return [t.clone() if isinstance(t, torch.Tensor) else t for t in loaded.execute(list(inputs))]
+        outputs = loaded.execute(list(inputs))
+        return [t.clone() if isinstance(t, torch.Tensor) else t for t in outputs]
 
 
 def runner_for(lowering) -> ProgramRunner:

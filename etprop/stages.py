@@ -4,7 +4,24 @@ In-process runs report to nobody."""
 
 from __future__ import annotations
 
+import contextlib
+import time
+from collections import defaultdict
 from typing import Callable, Optional
+
+# Wall seconds spent per kind of work in this process: "executorch" (lowering,
+# serialization, runtime), "torch" (export, eager references). The benchmark
+# reads it to split an example's time between ExecuTorch, torch and etprop.
+SPENT: defaultdict = defaultdict(float)
+
+
+@contextlib.contextmanager
+def timed(kind: str):
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        SPENT[kind] += time.perf_counter() - started
 
 _reporter: Optional[Callable[[dict], None]] = None
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from etprop import stages
 from etprop.builder import INPUT_KINDS_DEFAULT
 from etprop.oracles import Verdict
 from etprop.oracles.tolerance import NOISE_FACTOR, tolerance
@@ -66,7 +67,8 @@ def check(lowering, runner=None, kinds=INPUT_KINDS_DEFAULT, base: dict | None = 
 
     built = lowering.built
     try:
-        runner = runner or runner_for(lowering)
+        with stages.timed("executorch"):
+            runner = runner or runner_for(lowering)
     except Exception as exc:
         return Verdict.failed(NAME, f"program failed to load: {type(exc).__name__}: {exc}", Outcome.LOAD_ERROR)
     if base is None and lowering.flow.runtime == "coreai":
@@ -78,13 +80,16 @@ def check(lowering, runner=None, kinds=INPUT_KINDS_DEFAULT, base: dict | None = 
     for method in built.methods:
         for kind in kinds:
             inputs = built.inputs(method, kind)
-            expected = built.eager(method, inputs)
+            with stages.timed("torch"):
+                expected = built.eager(method, inputs)
+                noise = built.noise(method, inputs, expected)
             try:
-                actual = runner.run(method, inputs)
+                with stages.timed("executorch"):
+                    actual = runner.run(method, inputs)
             except Exception as exc:
                 return Verdict.failed(NAME, f"method '{method}' failed on {kind} inputs: "
                                             f"{type(exc).__name__}: {exc}", Outcome.RUN_ERROR)
-            problem = compare(expected, actual, base, built.noise(method, inputs, expected))
+            problem = compare(expected, actual, base, noise)
             if problem:
                 return Verdict.failed(NAME, f"method '{method}', {kind} inputs: {problem}",
                                       Outcome.MISMATCH, method=method, inputs=kind)

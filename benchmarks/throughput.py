@@ -1,0 +1,110 @@
+"""Throughput and overhead per flow (a benchmark: it prints figures, asserts nothing).
+
+For a fixed, deterministic sample of drawn programs, per flow:
+- examples per minute and ops per lowering;
+- where the wall time goes: ExecuTorch (lowering, serialization, runtime
+  load/run, Core AI runtime), torch (export, eager and float64 references),
+  and etprop itself (drawing aside: build, oracles' own work, repro and
+  result files): the last is the suite's overhead;
+- isolation overhead: the same examples through the warm worker process vs
+  in-process.
+
+    .venv/bin/python benchmarks/throughput.py [--examples 6] [--flows portable,xnnpack]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from hypothesis import HealthCheck, given, settings
+
+from etprop import flows as flowreg
+from etprop import stages
+from etprop.check import Artifacts, run_example
+from etprop.oracles import OracleFailure
+from etprop.properties.oracle_sets import SINGLE_FLOW
+from etprop.session import Session
+from etprop.spec import count_ops
+from etprop.strategies.programs import programs
+
+
+def sample_specs(count: int, min_nodes: int, max_nodes: int) -> list[dict]:
+    specs = []
+
+    @settings(max_examples=count, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(spec=programs(min_nodes=min_nodes, max_nodes=max_nodes))
+    def collect(spec):
+        specs.append(spec)
+
+    collect()
+    return specs[-count:]
+
+
+def measure_flow(flow, specs, artifacts: Path) -> dict:
+    run_example(specs[0], [flow], "bench", SINGLE_FLOW, Artifacts(artifacts / "warmup"))
+    stages.SPENT.clear()
+    started = time.perf_counter()
+    for spec in specs:
+        run_example(spec, [flow], "bench", SINGLE_FLOW, Artifacts(artifacts / "inproc"))
+    wall = time.perf_counter() - started
+    executorch, torch_time = stages.SPENT["executorch"], stages.SPENT["torch"]
+    return {"wall": wall, "executorch": executorch, "torch": torch_time,
+            "etprop": wall - executorch - torch_time}
+
+
+def measure_isolation(flow, specs, artifacts: Path) -> tuple[float, float]:
+    session = Session(artifacts / "iso", isolated=True)
+    run_example(specs[0], [flow], "bench", SINGLE_FLOW, Artifacts(artifacts / "warmup"))
+    session._run(specs[0], [flow], "bench", SINGLE_FLOW)  # starts the worker
+    isolated = []
+    inproc = []
+    try:
+        for spec in specs:
+            t0 = time.perf_counter()
+            try:
+                session.check(spec, [flow], "bench", SINGLE_FLOW)
+            except OracleFailure:
+                pass  # a failing example costs the same; the fuzz campaign reports it
+            isolated.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            run_example(spec, [flow], "bench", SINGLE_FLOW, Artifacts(artifacts / "inproc2"))
+            inproc.append(time.perf_counter() - t0)
+    finally:
+        session.close()
+    return statistics.median(isolated), statistics.median(inproc)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--examples", type=int, default=6)
+    parser.add_argument("--min-nodes", type=int, default=20)
+    parser.add_argument("--max-nodes", type=int, default=40)
+    parser.add_argument("--flows", default="")
+    parser.add_argument("--no-isolation", action="store_true")
+    args = parser.parse_args()
+    chosen = [flowreg.get_available(n) for n in args.flows.split(",") if n] or \
+        [f for f in flowreg.available_flows() if f.name in ("portable", "xnnpack", "coreai")]
+    specs = sample_specs(args.examples, args.min_nodes, args.max_nodes)
+    ops = [count_ops(s) for s in specs]
+    print(f"{len(specs)} programs, {statistics.mean(ops):.1f} ops on average (min {min(ops)}, max {max(ops)})")
+    print(f"{'flow':22} {'ex/min':>7} {'s/ex':>6} {'ExecuTorch':>11} {'torch':>7} {'etprop':>7}"
+          f" {'isolated s/ex':>14} {'in-proc s/ex':>13} {'isolation':>10}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for flow in chosen:
+            figures = measure_flow(flow, specs, Path(tmp) / flow.name)
+            per = figures["wall"] / len(specs)
+            line = (f"{flow.name:22} {60 / per:7.1f} {per:6.2f} {figures['executorch'] / figures['wall']:10.1%} "
+                    f"{figures['torch'] / figures['wall']:7.1%} {figures['etprop'] / figures['wall']:7.1%}")
+            if not args.no_isolation:
+                isolated, inproc = measure_isolation(flow, specs, Path(tmp) / flow.name)
+                line += f" {isolated:14.2f} {inproc:13.2f} {(isolated - inproc) / inproc:10.1%}"
+            print(line, flush=True)
+
+
+if __name__ == "__main__":
+    main()
