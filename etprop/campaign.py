@@ -57,6 +57,7 @@ class Campaign:
     db_readonly: str = ""
     properties: str = ""
     flow_modules: list[str] = field(default_factory=list)
+    shrink: bool = True
 
     @classmethod
     def from_args(cls, args) -> "Campaign":
@@ -65,12 +66,13 @@ class Campaign:
         if args.workers < 1:
             raise UsageError("--workers must be at least 1")
         return cls(chosen, args.minutes, args.examples, args.workers, parse_shard(args.shard),
-                   Path(args.artifacts), args.db, args.db_readonly, args.properties, args.flow_module)
+                   Path(args.artifacts), args.db, args.db_readonly, args.properties, args.flow_module,
+                   not args.no_shrink)
 
     def _env(self, deadline: float) -> dict:
         env = dict(os.environ)
         env.update(ETPROP_FLOWS=",".join(self.flows), ETPROP_ARTIFACTS=str(self.artifacts.resolve()),
-                   ETPROP_PROFILE="fuzz", ETPROP_DEADLINE=str(deadline),
+                   ETPROP_PROFILE="fuzz" if self.shrink else "fuzz-noshrink", ETPROP_DEADLINE=str(deadline),
                    ETPROP_DB=self.db or str((self.artifacts / "hypothesis-db").resolve()),
                    ETPROP_DB_READONLY=self.db_readonly, ETPROP_FLOW_MODULE=",".join(self.flow_modules))
         return env

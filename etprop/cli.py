@@ -76,6 +76,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--db", default="", help="example database: a directory or redis://host:port/db")
     p.add_argument("--db-readonly", default="", help="a database to replay without writing to it")
     p.add_argument("--properties", default="", help="pytest -k expression selecting properties")
+    p.add_argument("--no-shrink", action="store_true",
+                   help="report failures as found, without shrinking (quick smoke runs)")
     p.set_defaults(func=cmd_fuzz)
 
     p = sub.add_parser("repro", help="replay one repro file; exit 1 while the defect is present")

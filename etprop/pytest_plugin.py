@@ -63,6 +63,8 @@ def _register_profiles(config) -> None:
                               phases=(Phase.explicit, Phase.reuse, Phase.generate), **common)
     settings.register_profile("fuzz", max_examples=1_000_000, database=_database(config),
                               phases=tuple(Phase), **common)
+    settings.register_profile("fuzz-noshrink", settings.get_profile("fuzz"),
+                              phases=(Phase.explicit, Phase.reuse, Phase.generate))
 
 
 def pytest_configure(config):

@@ -59,6 +59,20 @@ class Summary:
                              "message": flow["message"], "repro": record.get("repro")}
         return list(seen.values())
 
+    def regressions(self) -> list[dict]:
+        """Candidate (last flow) failures on programs where the baseline (first
+        flow) did not fail the same way: what a gate fails on."""
+        found = []
+        for record in self.records:
+            base, candidate = record["flows"][0], record["flows"][-1]
+            if len(record["flows"]) < 2 or candidate["outcome"] in ("pass", "unsupported by ExecuTorch") \
+                    or candidate.get("known") or candidate["outcome"] == base["outcome"]:
+                continue
+            found.append({"property": record["property"], "flow": candidate["flow"], "outcome": candidate["outcome"],
+                          "baseline": f"{base['flow']}: {base['outcome']}", "message": candidate["message"],
+                          "repro": record.get("repro")})
+        return found
+
     def known_count(self) -> int:
         return sum(1 for r in self.records for f in r["flows"] if f.get("known"))
 

@@ -1,0 +1,167 @@
+"""The campaign commands end to end: fuzz with a shared Redis database, gate,
+replay, repro exit codes, reports (HTML rendered by headless Chromium)."""
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from etprop.report import Summary, write_reports
+
+ROOT = Path(__file__).resolve().parent.parent
+BROKEN = str(ROOT / "tests" / "fixtures" / "broken_flows.py")
+
+
+def etprop(*args, timeout=900, **kwargs):
+    return subprocess.run([sys.executable, "-m", "etprop.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT, **kwargs)
+
+
+def test_unknown_flow_is_one_line_naming_the_fix():
+    result = etprop("fuzz", "--flows", "nope")
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "etprop: error: unknown flow 'nope'; known flows: " + result.stderr.split("known flows: ")[1].strip()]
+    assert "--flow-module" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("content, message", [
+    ("{\"format\": \"etprop-repro/1\", \"spec\": {", "not valid JSON"),
+    ("{\"format\": \"something-else\"}", "is not an etprop repro"),
+    ("{\"format\": \"etprop-repro/1\", \"flows\": [\"xnnpack\"], \"property\": \"mixed\", "
+     "\"spec\": {\"format\": \"etprop-spec/1\", \"state\": {}, \"methods\": {\"forward\": {\"inputs\": [], "
+     "\"nodes\": [{\"id\": \"v\", \"op\": \"warp\", \"args\": []}], \"outputs\": [\"v\"]}}}}", "unknown op 'warp'"),
+    ("{\"format\": \"etprop-repro/1\", \"flows\": [\"nope\"], \"property\": \"mixed\", "
+     "\"spec\": {\"format\": \"etprop-spec/1\", \"state\": {}, \"methods\": {\"forward\": {\"inputs\": "
+     "[{\"name\": \"x\", \"shape\": [1], \"dtype\": \"float32\"}], \"nodes\": [], \"outputs\": [\"x\"]}}}}",
+     "unknown flow 'nope'"),
+])
+def test_bad_repro_files_get_one_line_errors(tmp_path, content, message):
+    path = tmp_path / "bad.json"
+    path.write_text(content)
+    result = etprop("repro", str(path))
+    assert result.returncode == 2, result.stderr
+    assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_repro_exits_nonzero_while_the_defect_is_present(tmp_path, make_linear_relu_spec):
+    from etprop import repro
+    from etprop import flows
+
+    flows.load_flow_module(BROKEN)
+    repros, artifacts = tmp_path / "repros", str(tmp_path / "artifacts")
+    path = repro.write(repros / "r.json", make_linear_relu_spec(), ["test-broken-weights"], "mixed", "mismatch")
+    broken = etprop("repro", "--flow-module", BROKEN, str(path), "--artifacts", artifacts)
+    assert broken.returncode == 1, broken.stdout + broken.stderr
+    assert "verdict: still failing" in broken.stdout
+    script = subprocess.run([sys.executable, str(path.with_suffix(".py"))], capture_output=True, text=True,
+                            timeout=600)
+    assert script.returncode == 1 and "VERDICT: mismatch" in script.stdout
+    fine = repro.write(repros / "ok.json", make_linear_relu_spec(), ["portable"], "mixed", "mismatch")
+    fixed = etprop("repro", str(fine), "--artifacts", artifacts)
+    assert fixed.returncode == 0 and "verdict: fixed" in fixed.stdout
+    replay = etprop("replay", str(repros), "--flow-module", BROKEN, "--artifacts", artifacts)
+    assert "1 fixed" in replay.stdout and "1 still failing" in replay.stdout and replay.returncode == 1
+
+
+def test_gate_passes_for_a_flow_against_itself_and_fails_a_broken_candidate(tmp_path):
+    same = etprop("gate", "--baseline", "portable", "--candidate", "portable", "--examples", "1",
+                  "--artifacts", str(tmp_path / "same"))
+    assert same.returncode == 0, same.stdout[-3000:]
+    assert "VERDICT: PASS" in same.stdout
+    broken = etprop("gate", "--flow-module", BROKEN, "--baseline", "portable", "--candidate", "test-broken-weights",
+                    "--examples", "1", "--artifacts", str(tmp_path / "broken"))
+    assert broken.returncode == 1, broken.stdout[-3000:]
+    assert "VERDICT: FAIL" in broken.stdout and "test-broken-weights" in broken.stdout
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def redis_url(tmp_path):
+    server = shutil.which("redis-server")
+    if server is None:
+        pytest.skip("redis-server is not installed (.ci/run installs it: apt-get install redis-server)")
+    port = _free_port()
+    process = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+                                "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    import redis
+
+    client = redis.Redis(port=port)
+    for _ in range(50):
+        try:
+            client.ping()
+            break
+        except redis.ConnectionError:
+            time.sleep(0.1)
+    yield f"redis://127.0.0.1:{port}/0"
+    process.terminate()
+    process.wait(timeout=10)
+
+
+def test_two_fuzz_processes_share_one_redis_database(tmp_path, redis_url):
+    """Shard 0 finds a failure and stores it; shard 1 (other seeds) replays it first."""
+    common = ["fuzz", "--flow-module", BROKEN, "--flows", "test-broken-weights", "--examples", "1",
+              "--properties", "mixed_programs", "--no-shrink", "--db", redis_url, "--minutes", "10"]
+    first = etprop(*common, "--shard", "0/2", "--artifacts", str(tmp_path / "a"))
+    assert first.returncode == 1, first.stdout[-2000:]
+    second = etprop(*common, "--shard", "1/2", "--artifacts", str(tmp_path / "b"))
+    assert second.returncode == 1, second.stdout[-2000:]
+    digests = [{json.loads(line)["digest"] for p in (tmp_path / d / "results").glob("*.jsonl")
+                for line in p.read_text().splitlines()} for d in ("a", "b")]
+    assert digests[0] & digests[1], "shard 1 did not replay what shard 0 stored"
+    import redis
+
+    assert any(key.startswith(b"etprop:") for key in redis.Redis.from_url(redis_url).keys())
+
+
+def _results(tmp_path) -> Path:
+    lines = [
+        {"property": "mixed", "digest": "a", "ops": ["linear", "relu"], "nodes": 2, "seconds": 1.0,
+         "executorch_seconds": 0.9, "repro": None,
+         "flows": [{"flow": "xnnpack", "outcome": "pass", "known": None, "message": ""}]},
+        {"property": "mixed", "digest": "b", "ops": ["addmm"], "nodes": 1, "seconds": 1.0,
+         "executorch_seconds": 0.9, "repro": "repros/mixed--xnnpack--mismatch.json",
+         "flows": [{"flow": "xnnpack", "outcome": "mismatch", "known": None, "message": "output 0 <differs>"}]},
+    ]
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "w.jsonl").write_text("\n".join(json.dumps(l) for l in lines) + "\n{cut")
+    return tmp_path
+
+
+def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
+    summary = Summary.load(_results(tmp_path))
+    assert summary.total_examples() == 2 and len(summary.failures()) == 1
+    markdown, html_path = write_reports(summary, tmp_path / "reports")
+    text = markdown.read_text()
+    assert "| mixed | `xnnpack` | 2 | 1 pass, 1 mismatch |" in text
+    page = html_path.read_text()
+    assert "&lt;differs&gt;" in page and "repros/mixed--xnnpack--mismatch.json" in page and "<td><code>addmm" in page
+
+
+def test_html_report_renders_in_headless_chromium(tmp_path):
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("chromium is not installed (.ci/run installs it: apt-get install chromium)")
+    _, html_path = write_reports(Summary.load(_results(tmp_path)), tmp_path / "reports")
+    shot = tmp_path / "report.png"
+    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1000,800",
+                    html_path.as_uri()], capture_output=True, timeout=120)
+    assert shot.exists() and shot.stat().st_size > 10_000
+    from PIL import Image
+
+    image = Image.open(shot).convert("RGB")
+    colors = image.getcolors(maxcolors=1_000_000)
+    assert colors is not None and len(colors) > 20, "the screenshot is blank"
