@@ -116,23 +116,37 @@ def bundle_files(et_program, pte: Optional[bytes] = None) -> dict[str, dict[str,
 
 
 @dataclass
+class _Bundle:
+    """One bundle, loaded once, whatever number of functions are called from it."""
+
+    asset: Any
+    model: Any
+
+
+@dataclass
 class _Loaded:
-    """One bundle, loaded once: its callable and the graph's I/O names in order."""
+    """One function of a loaded bundle: its callable and the graph's I/O names in order."""
 
     function: Any
     input_names: list[str]
     output_names: list[str]
 
 
-def _io_names(asset) -> tuple[list[str], list[str]]:
+def _function_of(manifest: dict) -> str:
+    """The bundle function a delegate calls: its manifest's ``function``
+    (multifunction bundles shared by several delegates), else the single graph."""
+    return manifest.get("function", _ENTRYPOINT)
+
+
+def _io_names(asset, function: str = _ENTRYPOINT) -> tuple[list[str], list[str]]:
     """The bundle graph's argument and result names, in graph order.
 
     The runtime takes and returns dicts keyed by these names; the order is
     what ties them to the delegate's positional inputs and outputs.
     """
-    graph = asset.program.get_graph(_ENTRYPOINT)
+    graph = asset.program.get_graph(function)
     if graph is None:
-        raise RuntimeError(f"Core AI bundle at {asset.path} has no '{_ENTRYPOINT}' graph")
+        raise RuntimeError(f"Core AI bundle at {asset.path} has no '{function}' graph")
 
     def names(attrs) -> list[str]:
         found = [attr["coreai.name"].value for attr in attrs]
@@ -173,8 +187,9 @@ class CoreAIProgram:
 
     Bundles are written once per program into a private temp dir, keyed by
     their manifest hash (delegates with one hash share one bundle), loaded
-    once, and kept loaded on an event loop this object owns, across calls and
-    methods. Call :meth:`close` (or use ``with``) to release them.
+    once (a manifest's ``function`` picks the function a delegate calls in a
+    multifunction bundle; stock manifests call ``main``), and kept loaded on
+    an event loop this object owns, across calls and methods. Call :meth:`close` (or use ``with``) to release them.
 
     Mutable buffers start each run from their initial values, as a freshly
     loaded ExecuTorch method does.
@@ -190,7 +205,8 @@ class CoreAIProgram:
         self._blobs: Optional[dict[str, bytes]] = None
         self._dir: Optional[Path] = None
         self._bundles: dict[str, Path] = {}
-        self._loaded: dict[str, _Loaded] = {}
+        self._loaded: dict[str, _Bundle] = {}
+        self._functions: dict[tuple[str, str], _Loaded] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stack: Optional[contextlib.AsyncExitStack] = None
 
@@ -211,6 +227,7 @@ class CoreAIProgram:
                 self._loop.run_until_complete(self._stack.aclose())
             self._loop.close()
         self._loop = self._stack = None
+        self._functions.clear()
         self._loaded.clear()
         self._bundles.clear()
         if self._dir is not None:
@@ -256,19 +273,23 @@ class CoreAIProgram:
         return self._loop.run_until_complete(coro)
 
     def _load(self, manifest: dict) -> _Loaded:
-        model_hash = manifest["hash"]
-        if model_hash not in self._loaded:
-            from coreai.authoring import AIModelAsset
+        """The manifest's function, from its bundle loaded once per hash: the
+        delegates of a multifunction bundle share one loaded model."""
+        model_hash, function = manifest["hash"], _function_of(manifest)
+        if (model_hash, function) not in self._functions:
+            if model_hash not in self._loaded:
+                from coreai.authoring import AIModelAsset
 
-            asset = AIModelAsset.load(self.bundle_path(manifest))
-            inputs, outputs = _io_names(asset)
+                asset = AIModelAsset.load(self.bundle_path(manifest))
 
-            async def enter():
-                return await self._stack.enter_async_context(asset.executable())
+                async def enter():
+                    return await self._stack.enter_async_context(asset.executable())
 
-            model = self._run_async(enter())
-            self._loaded[model_hash] = _Loaded(model.load_function(_ENTRYPOINT), inputs, outputs)
-        return self._loaded[model_hash]
+                self._loaded[model_hash] = _Bundle(asset, self._run_async(enter()))
+            bundle = self._loaded[model_hash]
+            inputs, outputs = _io_names(bundle.asset, function)
+            self._functions[(model_hash, function)] = _Loaded(bundle.model.load_function(function), inputs, outputs)
+        return self._functions[(model_hash, function)]
 
     # Execution -------------------------------------------------------------
 
