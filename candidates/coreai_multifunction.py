@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import threading
 from pathlib import Path
 from tempfile import TemporaryDirectory
@@ -168,7 +169,7 @@ def preprocess_multifunction(edge_programs: dict, compile_specs: dict) -> dict:
     aot = stock._get_compile_spec(specs, stock.COMPILE_SPEC_KEYS.AOT_COMPILE_CONFIG) is not None
     sidecar_dir = None
     if stock._get_compile_spec(specs, stock.COMPILE_SPEC_KEYS.USES_SIDECAR) is not None:
-        sidecar_dir = stock.os.environ.get(stock.SIDECAR_DIR_ENV)
+        sidecar_dir = os.environ.get(stock.SIDECAR_DIR_ENV)
         if not sidecar_dir:
             raise ValueError(f"sidecar asset delivery requires {stock.SIDECAR_DIR_ENV} "
                              "(set it via coreai_sidecar_dir)")
@@ -187,10 +188,10 @@ def preprocess_multifunction(edge_programs: dict, compile_specs: dict) -> dict:
 
     with TemporaryDirectory() as tmp:
         if aot:
-            model_hash, staging = stock._compile_aot(program, stock._aot_compile_options(specs), Path(tmp))
+            opts = stock._aot_compile_options(specs)
+            model_hash, staging = stock._compile_aot(program, opts, Path(tmp))
             packaging = (stock.AssetPackaging.AOT_COMPILED_SIDECAR if sidecar_dir
                          else stock.AssetPackaging.AOT_COMPILED_INLINE)
-            opts = stock._aot_compile_options(specs)
             extra = {"platform": opts["platform"], "min_deployment_version": opts["min_deployment_version"],
                      "archs": {arch: f"{model_hash}/{bundle.name}"
                                for arch, bundle in stock._compiled_arch_bundles(staging)}}

@@ -189,7 +189,8 @@ class CoreAIProgram:
     their manifest hash (delegates with one hash share one bundle), loaded
     once (a manifest's ``function`` picks the function a delegate calls in a
     multifunction bundle; stock manifests call ``main``), and kept loaded on
-    an event loop this object owns, across calls and methods. Call :meth:`close` (or use ``with``) to release them.
+    an event loop this object owns, across calls and methods. Call
+    :meth:`close` (or use ``with``) to release them.
 
     Mutable buffers start each run from their initial values, as a freshly
     loaded ExecuTorch method does.

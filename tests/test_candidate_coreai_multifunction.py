@@ -301,3 +301,22 @@ def test_repro_recipe_lowers_and_runs(tmp_path):
     script.write_text(FLOW.repro_recipe + RECIPE_DRIVER)
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
     assert done.returncode == 0 and "RECIPE OK" in done.stdout, done.stderr[-3000:]
+
+
+def test_sidecar_delivery_writes_one_bundle(tmp_path):
+    from executorch.backends.apple.coreai import coreai_sidecar_dir
+
+    torch.manual_seed(3)
+    module = Broken().eval()
+    where = tmp_path / "sidecar"
+    with coreai_sidecar_dir(str(where)):
+        program = lower(_methods(module, 16), [CoreAIMultifunctionPartitioner(multifunction=True, uses_sidecar=True)],
+                        install_multifunction())
+    found = manifests(program)
+    assert {m["packaging"] for m in found.values()} == {"sidecar"}
+    assert len({m["hash"] for m in found.values()}) == 1
+    assert [p.name for p in where.iterdir()] == [next(iter(found.values()))["hash"]]
+    with CoreAIProgram(program, sidecar_dir=str(where)) as runner:
+        for method, rows in (("forward", 1), ("prefill", 4)):
+            x = torch.randn(rows, 16)
+            assert_matches(runner.run(method, [x]), module(x))
