@@ -79,7 +79,7 @@ class Campaign:
 
     def _pytest_command(self, round_index: int, per_round: int) -> list[str]:
         command = [sys.executable, "-m", "pytest", str(PROPERTIES_DIR), "-q", "--no-header",
-                   "-p", "no:randomly", f"--hypothesis-seed={round_seed(self.shard, round_index)}",
+                   "-p", "no:randomly", f"--etprop-seed={round_seed(self.shard, round_index)}",
                    f"--etprop-examples={per_round}",
                    f"--junitxml={self.artifacts / 'reports' / f'junit-round{round_index}.xml'}",
                    "-o", "junit_family=xunit2", "--rootdir", str(PROPERTIES_DIR.parent)]

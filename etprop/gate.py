@@ -33,7 +33,7 @@ def run_gate(args) -> int:
                ETPROP_PROFILE="ci", ETPROP_EXAMPLES=str(args.examples),
                ETPROP_FLOW_MODULE=",".join(args.flow_module))
     command = [sys.executable, "-m", "pytest", str(PROPERTIES_DIR), "-q", "--no-header", "-p", "no:randomly",
-               f"--hypothesis-seed={args.seed}", "--rootdir", str(PROPERTIES_DIR.parent),
+               f"--etprop-seed={args.seed}", "--rootdir", str(PROPERTIES_DIR.parent),
                f"--junitxml={artifacts / 'reports' / 'junit-gate.xml'}", "-k", "gate or differential"]
     print(f"etprop gate: baseline {baseline.name}, candidate {candidate.name}, "
           f"{args.examples} examples per property, seed {args.seed}")

@@ -10,6 +10,10 @@ Options (also settable through ETPROP_* environment variables, which is how
   --etprop-examples N       override max_examples per property
   --etprop-db URL           example database: a directory, or redis://host:port/db
   --etprop-db-readonly URL  a database to replay from without writing (e.g. CI's)
+  --etprop-seed N           seed Hypothesis's generation (shards of a campaign, the gate)
+
+Why not --hypothesis-seed: Hypothesis turns its example database off when that
+option forces a seed, and a campaign's shards must share the database.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ OPTIONS = {
     "examples": "ETPROP_EXAMPLES",
     "db": "ETPROP_DB",
     "db_readonly": "ETPROP_DB_READONLY",
+    "seed": "ETPROP_SEED",
 }
 
 
@@ -72,9 +77,14 @@ def pytest_configure(config):
     _register_profiles(config)
     profile = option(config, "profile", "dev")
     examples = option(config, "examples")
-    if examples:
-        settings.register_profile(f"{profile}-n", settings.get_profile(profile), max_examples=int(examples))
-        profile = f"{profile}-n"
+    seed = option(config, "seed")
+    if examples or seed is not None:
+        overrides = {"max_examples": int(examples)} if examples else {}
+        if seed is not None:
+            overrides["derandomize"] = False
+            _seed_generation(int(seed))
+        settings.register_profile(f"{profile}-custom", settings.get_profile(profile), **overrides)
+        profile = f"{profile}-custom"
     settings.load_profile(profile)
     module = option(config, "flow_module")
     if module:
@@ -82,6 +92,16 @@ def pytest_configure(config):
 
         for target in module.split(","):
             flows.load_flow_module(target)
+
+
+def _seed_generation(seed: int) -> None:
+    """Seed the random source Hypothesis draws each test's seed from when no
+    seed is forced, so generation is reproducible and the database stays on."""
+    import random
+
+    import hypothesis.core
+
+    hypothesis.core.threadlocal._hypothesis_global_random = random.Random(seed)
 
 
 def selected_flows(config) -> list:
