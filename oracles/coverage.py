@@ -7,7 +7,11 @@ promises to delegate (``Promises.delegates``):
 - ``gemm_static_weight``: a convolution, linear, addmm or mm whose weight is a
   parameter, buffer or constant (through views/permutes) runs in a delegate;
 - ``gemm_computed_weight``: the same for a weight computed only from such
-  tensors (weight_norm & co.), and the computation goes with it.
+  tensors (weight_norm & co.), and the computation goes with it;
+- ``gemm_in_control_flow``: the claims above also hold inside cond/map/scan
+  bodies, where a weight placeholder that always receives a top-level
+  parameter, buffer or constant is static (without it, only top-level GEMMs
+  are judged, so stock XNNPACK is not blamed for bodies it never enters).
 
 A GEMM left outside a delegate that the flow claims is a silent slow fallback:
 the failure names the node, its op and its weight.
@@ -80,24 +84,77 @@ def _source_kind(node, static: set[str], depth: int = 0) -> str:
     return "computed"
 
 
-def undelegated_gemms(lowering) -> list[tuple[str, str, str, str]]:
-    """(method, node, op, weight kind) for GEMMs with non-dynamic weights left on portable."""
+def _invariant_operands(node):
+    """(body modules, operands in body-placeholder order, first operand every
+    iteration receives unchanged) for cond/map/scan, else None. The mapped
+    slice, scan carries and scanned inputs change per iteration."""
+    hop = torch.ops.higher_order
+    if node.op != "call_function":
+        return None
+    if node.target is hop.cond:
+        bodies, operands, start = node.args[1:3], list(node.args[3]), 0
+    elif node.target is hop.map_impl:
+        bodies, operands, start = node.args[:1], list(node.args[1]) + list(node.args[2]), len(node.args[1])
+    elif node.target is hop.scan:
+        init, xs, extra = node.args[1:4]
+        bodies, operands, start = node.args[:1], list(init) + list(xs) + list(extra), len(init) + len(xs)
+    else:
+        return None
+    owner = node.graph.owning_module
+    return [getattr(owner, b.target) for b in bodies], operands, start
+
+
+def _body_graphs(graph_module, static: set[str], prefix: str):
+    """(path, body graph, names of its placeholders that always receive a
+    top-level parameter, buffer or constant) for every control-flow body."""
+    for node in graph_module.graph.nodes:
+        layout = _invariant_operands(node)
+        if layout is None:
+            continue
+        bodies, operands, start = layout
+        for index, body in enumerate(bodies):
+            placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
+            inner = {ph.name for i, (ph, operand) in enumerate(zip(placeholders, operands))
+                     if i >= start and isinstance(operand, torch.fx.Node)
+                     and operand.op == "placeholder" and operand.name in static}
+            path = f"{prefix}/{node.name}[{index}]"
+            yield path, body.graph, inner
+            yield from _body_graphs(body, inner, path)
+
+
+def undelegated_gemms(lowering, in_control_flow: bool = False) -> list[tuple[str, str, str, str]]:
+    """(method, node, op, weight kind) for GEMMs with non-dynamic weights left on portable.
+
+    With ``in_control_flow``, GEMMs in cond/map/scan bodies count too: a body
+    placeholder is a static weight when it always receives one.
+    """
     found = []
     for method in lowering.built.methods:
         program = lowering.edge.exported_program(method)
         static = _static_inputs(program)
-        for node in program.graph_module.graph.nodes:
-            if node.op != "call_function":
-                continue
-            name = op_name(node)
-            index = GEMM_WEIGHT_ARG.get(name)
-            if index is None or len(node.args) <= index:
-                continue
-            if name == "convolution" and len(node.args) > 6 and node.args[6]:
-                continue  # transposed convolutions are not claimed
-            kind = _source_kind(node.args[index], static)
-            if kind != "dynamic":
-                found.append((method, node.name, name, kind))
+        graphs = [(method, program.graph_module.graph, static)]
+        if in_control_flow:
+            graphs += [(f"{method}{path}", graph, inner)
+                       for path, graph, inner in _body_graphs(program.graph_module, static, "")]
+        for where, graph, names in graphs:
+            found += _undelegated_in(where, graph, names)
+    return found
+
+
+def _undelegated_in(method: str, graph, static: set[str]) -> list[tuple[str, str, str, str]]:
+    found = []
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = op_name(node)
+        index = GEMM_WEIGHT_ARG.get(name)
+        if index is None or len(node.args) <= index:
+            continue
+        if name == "convolution" and len(node.args) > 6 and node.args[6]:
+            continue  # transposed convolutions are not claimed
+        kind = _source_kind(node.args[index], static)
+        if kind != "dynamic":
+            found.append((method, node.name, name, kind))
     return found
 
 
@@ -107,7 +164,8 @@ def check(lowering, lowerings=None) -> Verdict:
     wanted = {"static"} if "gemm_static_weight" in claims else set()
     if "gemm_computed_weight" in claims:
         wanted.add("computed")
-    missed = [g for g in undelegated_gemms(lowering) if g[3] in wanted] if wanted else []
+    in_control_flow = "gemm_in_control_flow" in claims
+    missed = [g for g in undelegated_gemms(lowering, in_control_flow) if g[3] in wanted] if wanted else []
     if missed:
         listed = ", ".join(f"{method}/{node} ({op}, {kind} weight)" for method, node, op, kind in missed[:10])
         return Verdict.failed(NAME, f"{len(missed)} GEMM(s) that {lowering.flow.name} promises to delegate "
