@@ -286,6 +286,11 @@ class BuiltProgram:
     module: torch.nn.Module
     namespace: dict = field(repr=False)
     _double: Optional[torch.nn.Module] = field(default=None, repr=False)
+    _initial: Optional[dict] = field(default=None, repr=False)
+    _initial_double: Optional[dict] = field(default=None, repr=False)
+
+    def __post_init__(self):
+        self._initial = {k: v.clone() for k, v in self.module.state_dict().items()}
 
     @property
     def methods(self) -> list[str]:
@@ -313,33 +318,44 @@ class BuiltProgram:
             specs.append(dims or None)
         return tuple(specs)
 
-    def noise(self, method: str, inputs: tuple, expected: list[torch.Tensor]) -> list[torch.Tensor]:
+    @property
+    def stateful(self) -> bool:
+        """Whether a method mutates a buffer (its outputs depend on earlier calls)."""
+        return any(e["kind"] == "buffer" and e.get("mutable") for e in self.spec["state"].values())
+
+    def reset_state(self) -> None:
+        """Back to the initial buffer values, in the float32 and float64 copies."""
+        for module, saved in ((self.module, self._initial), (self._double, self._initial_double)):
+            if module is not None and saved is not None:
+                module.load_state_dict(saved)
+
+    def noise(self, method: str, inputs: tuple, expected: list[torch.Tensor],
+              restore: bool = True) -> list[torch.Tensor]:
         """Per-element distance between the float32 eager result and a float64
         run of the same program: how much rounding alone moves each output.
         Ill-conditioned programs (normalizing a nearly constant tensor,
         rounding near .5) have large noise; the equivalence oracle allows it."""
         if self._double is None:
             self._double = copy.deepcopy(self.module).double()
+            self._initial_double = {k: v.clone() for k, v in self._double.state_dict().items()}
         wide = tuple(x.double() if x.is_floating_point() else x for x in inputs)
-        saved = {k: v.clone() for k, v in self._double.state_dict().items()}
-        try:
-            with torch.no_grad():
-                reference = list(getattr(self._double, method)(*wide))
-        finally:
-            self._double.load_state_dict(saved)
+        with torch.no_grad():
+            reference = list(getattr(self._double, method)(*wide))
+        if restore:
+            self._double.load_state_dict(self._initial_double)
         return [(want.double() - ref).abs().nan_to_num(0.0, 0.0, 0.0) if want.is_floating_point()
                 else torch.zeros(want.shape, dtype=torch.float64)
                 for want, ref in zip(expected, reference)]
 
-    def eager(self, method: str, inputs: tuple) -> list[torch.Tensor]:
-        """Eager reference outputs. Buffers mutated by the method are restored
-        afterwards, so the next call starts from the same initial state."""
-        saved = {k: v.clone() for k, v in self.module.state_dict().items()}
+    def eager(self, method: str, inputs: tuple, restore: bool = True) -> list[torch.Tensor]:
+        """Eager reference outputs. Mutated buffers go back to their initial
+        values afterwards unless ``restore`` is False (a sequence of calls)."""
         try:
             with torch.no_grad():
-                return list(getattr(self.module, method)(*inputs))
+                return [t.clone() for t in getattr(self.module, method)(*inputs)]
         finally:
-            self.module.load_state_dict(saved)
+            if restore:
+                self.module.load_state_dict(self._initial)
 
 
 class _MethodView(torch.nn.Module):

@@ -178,6 +178,9 @@ def _initial(ep, target: str) -> torch.Tensor:
 class CoreAIProgram:
     """Runs every method of an ``ExecutorchProgramManager`` with Core AI delegates.
 
+    Each run starts from the initial buffer values (``keeps_state`` is False),
+    so the equivalence oracle compares stateful programs call by call.
+
     It interprets the ExecuTorch-dialect graph (``et_program.exported_program``)
     rather than the edge graph: that is the graph that gets emitted, after the
     to_executorch passes (out variants, ``memory.alloc``, ``executorch_prim``
@@ -195,6 +198,8 @@ class CoreAIProgram:
     Mutable buffers start each run from their initial values, as a freshly
     loaded ExecuTorch method does.
     """
+
+    keeps_state = False
 
     def __init__(self, et_program, pte: Optional[bytes] = None, sidecar_dir: Optional[str] = None):
         """``pte``: .pte bytes to take bundles from instead of ``et_program.buffer``

@@ -19,9 +19,12 @@ class PteRunner:
 
     ``Runtime.load_program(bytes)`` does not keep the buffer alive in 1.5.1
     (the program segfaults once it is collected), so the runner holds it.
-    Each run loads the method afresh, so mutable buffers start from their
-    serialized initial state, as eager does.
+    Mutable buffers persist across runs of one runner (the runtime's Method is
+    stateful), so the equivalence oracle compares stateful programs as a
+    sequence of calls.
     """
+
+    keeps_state = True
 
     def __init__(self, pte: bytes, flow: str = ""):
         from executorch.runtime import Runtime

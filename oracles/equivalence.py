@@ -76,13 +76,24 @@ def check(lowering, runner=None, kinds=INPUT_KINDS_DEFAULT, base: dict | None = 
         from etprop.oracles.tolerance import BASE
 
         base = {dtype: coreai_tolerance(dtype) for dtype in BASE}
+    # A stateful program is compared as a sequence of calls: the runtime keeps
+    # mutable buffers across executions, and so does eager here, both starting
+    # from the initial values the module was built with.
+    sequence = built.stateful and getattr(runner, "keeps_state", True)
+    try:
+        return _run_all(built, runner, kinds, base, sequence)
+    finally:
+        built.reset_state()
+
+
+def _run_all(built, runner, kinds, base, sequence) -> Verdict:
     checked = 0
     for method in built.methods:
         for kind in kinds:
             inputs = built.inputs(method, kind)
             with stages.timed("torch"):
-                expected = built.eager(method, inputs)
-                noise = built.noise(method, inputs, expected)
+                expected = built.eager(method, inputs, restore=not sequence)
+                noise = built.noise(method, inputs, expected, restore=not sequence)
             try:
                 with stages.timed("executorch"):
                     actual = runner.run(method, inputs)
@@ -91,7 +102,8 @@ def check(lowering, runner=None, kinds=INPUT_KINDS_DEFAULT, base: dict | None = 
                                             f"{type(exc).__name__}: {exc}", Outcome.RUN_ERROR)
             problem = compare(expected, actual, base, noise)
             if problem:
-                return Verdict.failed(NAME, f"method '{method}', {kind} inputs: {problem}",
+                where = f"call {checked + 1} of a stateful sequence, " if sequence else ""
+                return Verdict.failed(NAME, f"method '{method}', {where}{kind} inputs: {problem}",
                                       Outcome.MISMATCH, method=method, inputs=kind)
             checked += 1
     return Verdict.passed(NAME, f"{checked} (method, input) pairs match", runs=checked)

@@ -444,6 +444,16 @@ def draw_group_norm(draw, g):
                                                                  "kwargs": kwargs}))
 
 
+def draw_buffer_update(draw, g):
+    """A mutable buffer updated in place (a running state, a KV-cache slot):
+    the runtime must start from the buffer's initial value, as eager does."""
+    x = g.pick(draw, lambda v: v.rank >= 1)
+    if x is None:
+        return None
+    name = g.program.add_state("m", {"kind": "buffer", "shape": list(x.shape), "scale": 1.0, "mutable": True})
+    return g.add("buffer_update", [x], {"how": draw(st.sampled_from(["add", "copy", "mul"]))}, state=name)
+
+
 FLOATS = st.sampled_from([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0])
 
 # Order matters for shrinking: Hypothesis shrinks a choice toward the first
@@ -507,6 +517,7 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("layer_norm", draw_layer_norm),
     ("batch_norm", draw_batch_norm),
     ("group_norm", draw_group_norm),
+    ("buffer_update", draw_buffer_update),
 ]
 GEMM_DRAWERS = [d for d in DRAWERS if d[0] in
                 ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm",
