@@ -10,6 +10,7 @@ Order of events for an example:
 
 from __future__ import annotations
 
+import copy
 import hashlib
 import json
 import os
@@ -104,6 +105,14 @@ class Artifacts:
             handle.write(json.dumps(line) + "\n")
 
 
+def _copy_export(exported: dict, built) -> dict:
+    try:
+        return copy.deepcopy(exported)
+    except Exception:
+        with stages.timed("torch"):
+            return pipeline.export_program(built)
+
+
 def _size(spec: dict) -> tuple[int, int]:
     return specmod.count_ops(spec), len(json.dumps(spec))
 
@@ -137,7 +146,11 @@ def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
     for index, flow in enumerate(flows):
         # A flow gated against itself is lowered twice: the two must agree.
         key = flow.name if flow.name not in lowerings else f"{flow.name}#{index}"
-        lowerings[key] = pipeline.lower(built, flow, exported)
+        # Later flows get a copy of the export: a lowering may mutate the
+        # ExportedProgram it is given (seen: coreai's lowering leaves a lifted
+        # constant missing from ep.constants), which must not leak into the next.
+        program = exported if index == len(flows) - 1 else _copy_export(exported, built)
+        lowerings[key] = pipeline.lower(built, flow, program)
     results = [_flow_result(flow, lowering, oracles, lowerings) for flow, lowering in zip(flows, lowerings.values())]
     example = ExampleResult(prop, spec, results)
     example.seconds = time.perf_counter() - started
