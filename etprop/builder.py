@@ -139,8 +139,11 @@ def _parametrize(module, name, kind, **attrs):
     if kind == "weight_norm":
         parametrizations.weight_norm(module, name, dim=attrs.get("dim", 0))
     elif kind == "spectral_norm":
-        parametrizations.spectral_norm(module, name, n_power_iterations=attrs.get("n_power_iterations", 1),
-                                       dim=attrs.get("dim"))
+        # spectral_norm draws its power-iteration vectors from the global RNG.
+        with torch.random.fork_rng():
+            torch.manual_seed(attrs.get("n_power_iterations", 1))
+            parametrizations.spectral_norm(module, name, n_power_iterations=attrs.get("n_power_iterations", 1),
+                                           dim=attrs.get("dim"))
     elif kind == "scale":
         parametrize.register_parametrization(module, name, _Scale(attrs["factor"]))
     elif kind == "add_delta":
