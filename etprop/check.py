@@ -177,10 +177,10 @@ def finish(example: ExampleResult, flow_names: list[str], artifacts: Artifacts) 
             finding = findings.match(result.flow, result.outcome.value, result.message, example.spec)
             result.known = finding.id if finding else None
     for result in example.new_failures:
-        flows_in_order = [f for f in flow_names if f != result.flow] + [result.flow]
-        artifacts.keep(example.spec, flows_in_order, example.prop, result)
+        # Flows keep their order (baseline first); the script lowers the failing one.
+        artifacts.keep(example.spec, flow_names, example.prop, result)
         example.repro = artifacts.repro_path(example.prop, result.flow, result.outcome)
         if artifacts.smaller_than_recorded(example.repro, example.spec):
-            repro.write(example.repro, example.spec, flows_in_order, example.prop,
-                        result.outcome.value, result.message)
+            repro.write(example.repro, example.spec, flow_names, example.prop,
+                        result.outcome.value, result.message, script_flow=result.flow)
     artifacts.record(example)

@@ -50,13 +50,14 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 def write(path: Path, spec: dict, flows: list[str], prop: str, outcome: Optional[str] = None,
-          message: str = "", script: bool = True) -> Path:
-    """Write ``path`` (JSON) and, beside it, the standalone ``.py`` script."""
+          message: str = "", script: bool = True, script_flow: Optional[str] = None) -> Path:
+    """Write ``path`` (JSON) and, beside it, the standalone ``.py`` script
+    lowering ``script_flow`` (default: the last flow)."""
     record = {"format": FORMAT, "property": prop, "flows": flows, "outcome": outcome,
               "message": message, "versions": versions(), "spec": spec}
     atomic_write(path, json.dumps(record, indent=1, sort_keys=True))
     if script:
-        atomic_write(path.with_suffix(".py"), standalone_script(spec, flows[-1]))
+        atomic_write(path.with_suffix(".py"), standalone_script(spec, script_flow or flows[-1]))
     return path
 
 

@@ -89,6 +89,10 @@ def check(lowering, runner=None, kinds=INPUT_KINDS_DEFAULT, base: dict | None = 
 def _run_all(built, runner, kinds, base, sequence) -> Verdict:
     checked = 0
     for method in built.methods:
+        # Each method of a program owns its mutable buffers in ExecuTorch;
+        # eager shares them, so each method's sequence starts afresh.
+        if sequence:
+            built.reset_state()
         for kind in kinds:
             inputs = built.inputs(method, kind)
             with stages.timed("torch"):

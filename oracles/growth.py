@@ -62,9 +62,12 @@ def count_occurrences(blob: bytes, tensor: torch.Tensor) -> dict[tuple, int]:
 def program_weights(built) -> list[Weight]:
     """Parameters and buffers (deduplicated by content), plus computed weights."""
     module = built.module
+    # Mutable buffers are state, not weights: ExecuTorch gives each method its
+    # own copy (and its initial value), by design.
+    mutable = {name for name, e in built.spec["state"].items() if e["kind"] == "buffer" and e.get("mutable")}
     weights, seen = [], {}
     for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
-        if not tensor.dtype.is_floating_point or tensor.numel() * tensor.element_size() < MIN_BYTES:
+        if name in mutable or not tensor.dtype.is_floating_point or tensor.numel() * tensor.element_size() < MIN_BYTES:
             continue
         key = tensor.detach().numpy().tobytes()
         if key in seen:
