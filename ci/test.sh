@@ -2,5 +2,7 @@
 # The test suite: etprop's own tests, then every property under the
 # deterministic `ci` Hypothesis profile. Extra arguments go to pytest.
 source "$(dirname "$0")/venv.sh"
+# A hung example (finding COREAI-004) costs at most this long in CI.
+export ETPROP_EXAMPLE_TIMEOUT="${ETPROP_EXAMPLE_TIMEOUT:-240}"
 exec python -m pytest tests properties --etprop-profile ci --etprop-artifacts artifacts/ci \
   -n 2 --timeout 900 -q -rfEx "$@"

@@ -26,6 +26,20 @@ DEFAULT_TIMEOUT_SECONDS = 600.0
 _PRELOAD = ["etprop.isolation_preload"]
 
 
+def memory_limit() -> float:
+    """Bytes a worker may hold: native code can grow without bound (finding
+    COREAI-004) and would take the machine down before any timeout."""
+    return float(os.environ.get("ETPROP_WORKER_MEMORY_GB", 8)) * 2**30
+
+
+def _rss_bytes(pid: int) -> int:
+    try:
+        with open(f"/proc/{pid}/statm") as handle:
+            return int(handle.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
 def example_timeout() -> float:
     return float(os.environ.get("ETPROP_EXAMPLE_TIMEOUT", DEFAULT_TIMEOUT_SECONDS))
 
@@ -113,6 +127,9 @@ class Worker:
                 message = None
                 ready = True
             if message is None:
+                if _rss_bytes(self._process.pid) > memory_limit():
+                    self.close()
+                    raise WorkerDied("crash", f"memory limit of {memory_limit() / 2**30:g} GiB exceeded", stage)
                 if ready or not self._process.is_alive():
                     self._process.join(timeout=5)
                     code = self._process.exitcode

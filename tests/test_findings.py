@@ -11,7 +11,7 @@ from etprop import findings
 
 FINDINGS = findings.load()
 # Repros that other tests already replay as strict xfails (tests/test_coreai_flow.py).
-REPLAYED_ELSEWHERE = {"COREAI-004", "COREAI-005"}
+REPLAYED_ELSEWHERE = {"COREAI-004", "COREAI-004b", "COREAI-005"}
 
 
 def test_index_is_consistent():
