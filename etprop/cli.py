@@ -1,4 +1,4 @@
-"""The ``etprop`` command: flows, fuzz, repro, replay, gate, report.
+"""The ``etprop`` command: flows, fuzz, repro, shrink, replay, gate.
 
 Every user error (unknown flow, bad repro file, missing optional package)
 ends as one line on stderr naming the fix, and exit code 2.
@@ -27,14 +27,22 @@ def cmd_flows(args) -> int:
 def cmd_repro(args) -> int:
     from etprop.replay import replay_file
 
-    outcome = replay_file(Path(args.file), Path(args.artifacts), verbose=True)
+    outcome = replay_file(Path(args.file), Path(args.artifacts), verbose=True, flow_modules=args.flow_module)
     return 1 if outcome.still_failing else 0
+
+
+def cmd_shrink(args) -> int:
+    from etprop.shrink import shrink_file
+
+    shrink_file(Path(args.file), Path(args.output) if args.output else None, args.match, args.flow,
+                args.max_checks, flow_modules=args.flow_module)
+    return 0
 
 
 def cmd_replay(args) -> int:
     from etprop.replay import replay_all
 
-    summary = replay_all(Path(args.artifacts), [Path(p) for p in args.paths])
+    summary = replay_all(Path(args.artifacts), [Path(p) for p in args.paths], flow_modules=args.flow_module)
     return 1 if summary.still_failing else 0
 
 
@@ -84,6 +92,16 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("file")
     p.set_defaults(func=cmd_repro)
+
+    p = sub.add_parser("shrink", help="shrink a repro file to the smallest spec that fails the same way")
+    _add_common(p)
+    p.add_argument("file")
+    p.add_argument("--output", default="", help="where to write (default: FILE with .shrunk.json)")
+    p.add_argument("--match", default=None,
+                   help="a regular expression the failure message must keep matching")
+    p.add_argument("--flow", default=None, help="the failing flow to keep (default: the last failing one)")
+    p.add_argument("--max-checks", type=int, default=400, help="candidates to lower at most (default: 400)")
+    p.set_defaults(func=cmd_shrink)
 
     p = sub.add_parser("replay", help="re-run every saved repro and pending example")
     _add_common(p)

@@ -2,7 +2,9 @@
 
 A replay rebuilds the spec, lowers it with the recorded flows and runs the
 recorded property's oracles, then compares the outcome with the recorded one:
-still failing, fixed, or changed (fails differently).
+still failing, fixed, or changed (fails differently). Replays run in the
+isolated worker like any example, so a repro of a crash or a hang replays as
+a "crash" or "timeout" outcome instead of taking the command down.
 """
 
 from __future__ import annotations
@@ -10,10 +12,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from typing import Optional
+
 from etprop import flows, repro
-from etprop.check import Artifacts, run_example
 from etprop.errors import UsageError
 from etprop.findings import FINDINGS_DIR
+from etprop.session import Session
 
 
 @dataclass
@@ -44,14 +48,20 @@ def oracles_for(prop: str) -> list:
                          f"{', '.join(sorted(ORACLES_BY_PROPERTY))}") from None
 
 
-def replay_file(path: Path, artifacts: Path, verbose: bool = False) -> Replayed:
+def replay_file(path: Path, artifacts: Path, verbose: bool = False, session: Optional[Session] = None,
+                flow_modules: Optional[list[str]] = None) -> Replayed:
     record = repro.read(path)
     drift = repro.version_drift(record)
     if drift and verbose:
         print("note: made with other versions: " + "; ".join(drift))
     chosen = [flows.get_available(name) for name in record["flows"]]
-    result = run_example(record["spec"], chosen, record["property"], oracles_for(record["property"]),
-                         Artifacts(artifacts / "replay"))
+    own = session is None
+    session = session or Session(artifacts / "replay", flow_modules=flow_modules)
+    try:
+        result = session.run(record["spec"], chosen, record["property"], oracles_for(record["property"]))
+    finally:
+        if own:
+            session.close()
     worst = next((r for r in reversed(result.results) if r.outcome.is_failure), result.results[-1])
     replayed = Replayed(path, record.get("outcome"), worst.outcome.value, worst.message)
     if verbose:
@@ -83,17 +93,21 @@ def _repro_files(paths: list[Path]) -> list[Path]:
     return [p for p in found if p.name != "index.json"]
 
 
-def replay_all(artifacts: Path, paths: list[Path]) -> ReplaySummary:
+def replay_all(artifacts: Path, paths: list[Path], flow_modules: Optional[list[str]] = None) -> ReplaySummary:
     paths = paths or [artifacts / "repros", artifacts / "pending", FINDINGS_DIR / "repros"]
     replayed = []
-    for path in _repro_files(paths):
-        try:
-            result = replay_file(path, artifacts)
-        except UsageError as exc:
-            print(f"{path}: skipped: {exc}")
-            continue
-        replayed.append(result)
-        print(f"{result.status:14} {path}  (recorded: {result.recorded}, now: {result.now})")
+    session = Session(artifacts / "replay", flow_modules=flow_modules)
+    try:
+        for path in _repro_files(paths):
+            try:
+                result = replay_file(path, artifacts, session=session)
+            except UsageError as exc:
+                print(f"{path}: skipped: {exc}")
+                continue
+            replayed.append(result)
+            print(f"{result.status:14} {path}  (recorded: {result.recorded}, now: {result.now})")
+    finally:
+        session.close()
     counts = {}
     for r in replayed:
         counts[r.status] = counts.get(r.status, 0) + 1

@@ -64,6 +64,10 @@ class Session:
         if self._worker is not None:
             self._worker.close()
 
+    def run(self, spec, flows, prop, oracles) -> ExampleResult:
+        """One run, isolated when the session is; no confirmation, no raising."""
+        return self._run(spec, flows, prop, oracles)
+
     def _run(self, spec, flows, prop, oracles, worker=None) -> ExampleResult:
         if not self.isolated:
             return run_example(spec, flows, prop, oracles, self.artifacts)

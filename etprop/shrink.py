@@ -1,0 +1,242 @@
+"""Shrinking a saved repro: the smallest spec that still fails the same way.
+
+Hypothesis shrinks while a property runs, but CI runs without shrinking and a
+campaign can end mid-shrink, so a repro on disk may still hold forty nodes and
+three methods. ``etprop shrink FILE`` works on the spec directly: it tries
+smaller programs (a method dropped, an output dropped, a node bypassed by one
+of its arguments, a parametrization removed, dead code removed) and keeps each
+one that still fails on the same flow with the same outcome and oracle (and,
+with ``--match``, a message matching a regular expression). Candidates run in
+the isolated worker, so a repro that crashes or hangs shrinks too.
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+
+from etprop import repro
+from etprop import spec as specmod
+from etprop.errors import UsageError
+
+
+def _referenced_state(nodes: list[dict]) -> set[str]:
+    used = set()
+    for node in specmod.iter_nodes(nodes):
+        for ref in (node.get("state"), node.get("attrs", {}).get("bias_state")):
+            if ref:
+                used.add(ref)
+    return used
+
+
+def _prune_body(body: dict) -> None:
+    """Drop nodes no output depends on (bodies of kept nodes are pruned too)."""
+    by_id = {node["id"]: node for node in body["nodes"]}
+    live, stack = set(), list(body["outputs"])
+    while stack:
+        name = stack.pop()
+        if name in live or name not in by_id:
+            continue
+        live.add(name)
+        stack.extend(by_id[name].get("args", []))
+    body["nodes"] = [node for node in body["nodes"] if node["id"] in live]
+    for node in body["nodes"]:
+        for sub in node.get("bodies", ()):
+            _prune_body(sub)
+
+
+def prune(spec: dict) -> dict:
+    """Dead nodes, unused inputs and unused state removed."""
+    spec = copy.deepcopy(spec)
+    for body in spec["methods"].values():
+        _prune_body(body)
+        read = {arg for node in body["nodes"] for arg in node.get("args", [])} | set(body["outputs"])
+        body["inputs"] = [inp for inp in body["inputs"] if inp["name"] in read] or body["inputs"][:1]
+    used = set()
+    for body in spec["methods"].values():
+        used |= _referenced_state(body["nodes"])
+    spec["state"] = {name: entry for name, entry in spec.get("state", {}).items() if name in used}
+    return spec
+
+
+def _bodies(spec: dict) -> Iterator[tuple[str, dict]]:
+    """Every node list with its outputs: methods, then control-flow bodies."""
+    def walk(where: str, body: dict):
+        yield where, body
+        for node in body["nodes"]:
+            for index, sub in enumerate(node.get("bodies", ())):
+                yield from walk(f"{where}/{node['id']}[{index}]", sub)
+
+    for method, body in spec["methods"].items():
+        yield from walk(method, body)
+
+
+def _bypass(body: dict, node: dict, replacement: str) -> None:
+    """Every use of ``node`` reads ``replacement`` instead."""
+    for other in body["nodes"]:
+        other["args"] = [replacement if a == node["id"] else a for a in other.get("args", [])]
+    body["outputs"] = [replacement if o == node["id"] else o for o in body["outputs"]]
+
+
+def candidates(spec: dict) -> Iterator[tuple[str, dict]]:
+    """Smaller variants of ``spec``, most reducing first."""
+    methods = list(spec["methods"])
+    if len(methods) > 1:
+        for method in methods:
+            smaller = copy.deepcopy(spec)
+            del smaller["methods"][method]
+            yield f"drop method {method}", smaller
+    for method in methods:
+        outputs = spec["methods"][method]["outputs"]
+        if len(outputs) > 1:
+            half = len(outputs) // 2
+            for keep in (outputs[:half], outputs[half:]):
+                smaller = copy.deepcopy(spec)
+                smaller["methods"][method]["outputs"] = list(keep)
+                yield f"keep outputs {keep} of {method}", smaller
+            for index, out in enumerate(outputs):
+                smaller = copy.deepcopy(spec)
+                del smaller["methods"][method]["outputs"][index]
+                yield f"drop output {out} of {method}", smaller
+    for where, body in list(_bodies(spec)):
+        for position in reversed(range(len(body["nodes"]))):
+            node = body["nodes"][position]
+            for arg in dict.fromkeys(node.get("args", [])):
+                smaller = copy.deepcopy(spec)
+                target = dict(_bodies(smaller))[where]
+                _bypass(target, target["nodes"][position], arg)
+                yield f"bypass {node['op']} {node['id']} in {where} with {arg}", smaller
+    for name, entry in spec.get("state", {}).items():
+        for index, parametrization in enumerate(entry.get("parametrizations", [])):
+            smaller = copy.deepcopy(spec)
+            del smaller["state"][name]["parametrizations"][index]
+            if not smaller["state"][name]["parametrizations"]:
+                del smaller["state"][name]["parametrizations"]
+            yield f"drop parametrization {parametrization['type']} of {name}", smaller
+
+
+def size(spec: dict) -> tuple[int, int, int]:
+    params = sum(len(e.get("parametrizations", [])) for e in spec.get("state", {}).values())
+    outputs = sum(len(body["outputs"]) for body in spec["methods"].values())
+    return specmod.count_ops(spec), params + outputs + len(spec["methods"]), len(specmod.dumps(spec))
+
+
+@dataclass
+class Failure:
+    """What "fails the same way" means for one shrink."""
+
+    flow: str
+    outcome: str
+    oracle: str
+    pattern: Optional[re.Pattern]
+
+    def describe(self) -> str:
+        return (f"{self.flow}: {self.outcome} from the {self.oracle} oracle"
+                + (f", message matching /{self.pattern.pattern}/" if self.pattern else ""))
+
+
+def reproduces(result, failure: Failure) -> bool:
+    if result is None:
+        return False
+    for flow_result in result.results:
+        if flow_result.flow != failure.flow or flow_result.outcome.value != failure.outcome:
+            continue
+        failed = [v for v in flow_result.verdicts if not v.ok]
+        if not failed or failed[0].oracle != failure.oracle:
+            continue
+        return failure.pattern is None or bool(failure.pattern.search(flow_result.message))
+    return False
+
+
+def _is_valid(spec: dict) -> bool:
+    """Cheap pre-check in this process: the spec builds and runs eagerly."""
+    from etprop import builder
+
+    try:
+        specmod.validate(spec)
+        built = builder.build(spec, validate=False)
+        for method in built.methods:
+            built.eager(method, built.inputs(method))
+    except Exception:
+        return False
+    return True
+
+
+def shrink(spec: dict, still_fails: Callable[[dict], bool], log: Callable[[str], None] = print,
+           max_checks: int = 400) -> dict:
+    """Greedy: take the first smaller candidate that still fails, start over;
+    stop when no candidate does (a local minimum) or after ``max_checks``."""
+    best = prune(spec)
+    if best != spec and not still_fails(best):
+        best = spec
+    checks = 0
+    improved = True
+    while improved and checks < max_checks:
+        improved = False
+        for label, candidate in candidates(best):
+            candidate = prune(candidate)
+            if size(candidate) >= size(best) or not _is_valid(candidate):
+                continue
+            checks += 1
+            if still_fails(candidate):
+                log(f"  kept: {label} -> {size(candidate)[0]} nodes")
+                best, improved = candidate, True
+                break
+            if checks >= max_checks:
+                break
+    log(f"shrink: {checks} candidates lowered; {specmod.count_ops(spec)} -> {specmod.count_ops(best)} nodes")
+    return best
+
+
+def _failure_of(record: dict, flow: Optional[str], match: Optional[str], first) -> Failure:
+    failing = [r for r in first.results if r.outcome.is_failure]
+    chosen = next((r for r in failing if r.flow == flow), None) if flow else (failing[-1] if failing else None)
+    if chosen is None:
+        raise UsageError("the repro does not fail here (every flow passes), so there is nothing to shrink; "
+                         "check 'etprop repro' on it first")
+    oracle = next(v.oracle for v in chosen.verdicts if not v.ok)
+    return Failure(chosen.flow, chosen.outcome.value, oracle, re.compile(match) if match else None)
+
+
+def shrink_file(path: Path, output: Optional[Path], match: Optional[str], flow: Optional[str],
+                max_checks: int, flow_modules: Optional[list[str]] = None) -> Path:
+    """Shrink the repro at ``path``; write the result (JSON + script) and return its path."""
+    from etprop import flows as flowreg
+    from etprop.pipeline import ExportFailed
+    from etprop.replay import oracles_for
+    from etprop.session import Session
+
+    record = repro.read(path)
+    chosen = [flowreg.get_available(name) for name in record["flows"]]
+    oracles = oracles_for(record["property"])
+    with tempfile.TemporaryDirectory(prefix="etprop-shrink-") as scratch:
+        session = Session(Path(scratch), flow_modules=flow_modules)
+        try:
+            def run(spec):
+                try:
+                    return session.run(spec, chosen, record["property"], oracles)
+                except ExportFailed:
+                    return None
+
+            first = run(record["spec"])
+            if first is None:
+                raise UsageError(f"the program in '{path}' does not export with this torch; "
+                                 "it cannot be shrunk here (see 'etprop repro' on it)")
+            failure = _failure_of(record, flow, match, first)
+            print(f"shrinking {path} ({specmod.count_ops(record['spec'])} nodes) while it fails as "
+                  f"{failure.describe()}")
+            smallest = shrink(record["spec"], lambda spec: reproduces(run(spec), failure),
+                              max_checks=max_checks)
+            final = run(smallest)
+        finally:
+            session.close()
+    message = next((r.message for r in final.results if r.flow == failure.flow), "")
+    output = output or path.with_name(path.stem + ".shrunk.json")
+    repro.write(output, smallest, record["flows"], record["property"], failure.outcome, message,
+                script_flow=failure.flow)
+    print(f"wrote {output} and {output.with_suffix('.py')}")
+    return output

@@ -1,0 +1,103 @@
+"""Shrinking saved repros (etprop shrink) and replaying crash repros in the worker."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from etprop import repro, shrink
+from etprop import spec as specmod
+from etprop.spec import FORMAT
+
+ROOT = Path(__file__).resolve().parent.parent
+BROKEN = str(ROOT / "tests" / "fixtures" / "broken_flows.py")
+FAULTY = str(ROOT / "tests" / "fixtures" / "faulty_flows.py")
+
+
+def _big_spec() -> dict:
+    """Two methods, dead code, an unused input and state, a parametrized weight."""
+    return {
+        "format": FORMAT,
+        "state": {
+            "w": {"kind": "weight", "shape": [8, 8], "seed": 1, "scale": 0.3,
+                  "parametrizations": [{"type": "weight_norm", "dim": 0}, {"type": "scale", "factor": 2.0}]},
+            "unused": {"kind": "weight", "shape": [3, 3], "seed": 2},
+        },
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"},
+                           {"name": "y", "shape": [2, 8], "dtype": "float32"}],
+                "nodes": [{"id": "a", "op": "relu", "args": ["x"]},
+                          {"id": "b", "op": "tanh", "args": ["a"]},
+                          {"id": "c", "op": "linear", "args": ["b"], "state": "w"},
+                          {"id": "d", "op": "sigmoid", "args": ["c"]},
+                          {"id": "dead", "op": "exp_bounded", "args": ["x"]}],
+                "outputs": ["d", "a"]},
+            "prefill": {
+                "inputs": [{"name": "x", "shape": [4, 8], "dtype": "float32"}],
+                "nodes": [{"id": "a", "op": "gelu", "args": ["x"]}],
+                "outputs": ["a"]},
+        },
+    }
+
+
+def test_prune_removes_dead_nodes_unused_inputs_and_state():
+    pruned = shrink.prune(_big_spec())
+    forward = pruned["methods"]["forward"]
+    assert [n["id"] for n in forward["nodes"]] == ["a", "b", "c", "d"]
+    assert [i["name"] for i in forward["inputs"]] == ["x"]
+    assert set(pruned["state"]) == {"w"}
+    specmod.validate(pruned)
+
+
+def test_shrink_reaches_the_smallest_program_that_keeps_the_failure():
+    """The 'defect' needs a linear on a weight_norm weight: everything else goes."""
+    def still_fails(spec):
+        linear = any(n["op"] == "linear" for _, n in specmod.all_nodes(spec))
+        normed = any(p["type"] == "weight_norm" for e in spec["state"].values()
+                     for p in e.get("parametrizations", []))
+        return linear and normed
+
+    smallest = shrink.shrink(_big_spec(), still_fails, log=lambda line: None)
+    assert list(smallest["methods"]) == ["forward"]
+    assert [n["op"] for _, n in specmod.all_nodes(smallest)] == ["linear"]
+    assert smallest["state"]["w"]["parametrizations"] == [{"type": "weight_norm", "dim": 0}]
+    assert still_fails(smallest)
+
+
+def test_shrink_keeps_the_original_when_nothing_smaller_fails():
+    spec = shrink.prune(_big_spec())
+    assert shrink.shrink(spec, lambda candidate: candidate == spec, log=lambda line: None) == spec
+
+
+def _etprop(*args, timeout=900):
+    return subprocess.run([sys.executable, "-m", "etprop.cli", *args], capture_output=True, text=True,
+                          timeout=timeout, cwd=ROOT)
+
+
+def test_shrink_command_writes_a_smaller_repro_that_still_fails(tmp_path, broken_flow):
+    path = repro.write(tmp_path / "r.json", _big_spec(), ["test-broken-weights"], "mixed", "mismatch")
+    result = _etprop("shrink", "--flow-module", BROKEN, str(path), "--max-checks", "30")
+    assert result.returncode == 0, result.stdout + result.stderr
+    shrunk = json.loads((tmp_path / "r.shrunk.json").read_text())
+    assert specmod.count_ops(shrunk["spec"]) < specmod.count_ops(_big_spec())
+    assert len(shrunk["spec"]["methods"]) == 1 and shrunk["outcome"] == "mismatch"
+    assert (tmp_path / "r.shrunk.py").exists()
+    replayed = _etprop("repro", "--flow-module", BROKEN, str(tmp_path / "r.shrunk.json"),
+                       "--artifacts", str(tmp_path / "a"))
+    assert replayed.returncode == 1 and "verdict: still failing" in replayed.stdout
+
+
+def test_shrink_refuses_a_repro_that_passes(tmp_path, make_linear_relu_spec):
+    path = repro.write(tmp_path / "ok.json", make_linear_relu_spec(), ["portable"], "mixed", "mismatch")
+    result = _etprop("shrink", str(path))
+    assert result.returncode == 2 and "nothing to shrink" in result.stderr
+
+
+def test_repro_of_a_crash_replays_in_the_worker(tmp_path, make_linear_relu_spec):
+    """The command survives the segfault it replays and reports it as a crash."""
+    path = repro.write(tmp_path / "crash.json", make_linear_relu_spec(), ["test-fault-segfault"],
+                       "mixed", "crash", script=False)
+    result = _etprop("repro", "--flow-module", FAULTY, str(path), "--artifacts", str(tmp_path / "a"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "crash: SIGSEGV in lowering" in result.stdout and "verdict: still failing" in result.stdout
