@@ -186,10 +186,12 @@ def _dtype_expr(dtype: str) -> str:
     return f"DTYPES[{dtype!r}]"
 
 
-def _state_lines(name: str, entry: dict) -> list[str]:
+def _state_lines(name: str, entry: dict, program_dtype: str = "float32") -> list[str]:
     kind = entry["kind"]
     lines: list[str] = []
-    dtype = entry.get("dtype", "float32")
+    # The program dtype reaches parameters and buffers through one final
+    # ``self.to``; a plain tensor attribute (a constant) must be cast here.
+    dtype = entry.get("dtype", program_dtype if kind == "constant" else "float32")
     if kind == "layer":
         kwargs = ", ".join(f"{k}={v!r}" for k, v in entry["kwargs"].items())
         lines.append(f"self.{name} = nn.{entry['type']}({kwargs})")
@@ -199,6 +201,8 @@ def _state_lines(name: str, entry: dict) -> list[str]:
     elif kind == "weight":
         lines.append(f"self.{name} = _Weight({tuple(entry['shape'])!r}, {entry['seed']!r}, "
                      f"{entry.get('scale', 1.0)!r})")
+        if dtype != "float32":
+            lines.append(f"self.{name}.to({_dtype_expr(dtype)})")
     else:
         value = f"_randn({tuple(entry['shape'])!r}, {entry['seed']!r}, {entry.get('scale', 1.0)!r})"
         if dtype != "float32":
@@ -272,8 +276,12 @@ def render_source(spec: dict) -> str:
     """The program's Python source: prelude, one Program class, its inputs."""
     lines = [PRELUDE, "", "class Program(nn.Module):", "    def __init__(self):",
              "        super().__init__()"]
+    program_dtype = spec.get("dtype", "float32")
     for name, entry in spec["state"].items():
-        lines += ["        " + line for line in _state_lines(name, entry)]
+        lines += ["        " + line for line in _state_lines(name, entry, program_dtype)]
+    if program_dtype != "float32":
+        # Parametrization helpers hold their own tensors (deltas, scales).
+        lines.append(f"        self.to({_dtype_expr(program_dtype)})")
     for method, body in spec["methods"].items():
         params = ["self"] + [inp["name"] for inp in body["inputs"]]
         lines.append("")
@@ -299,10 +307,28 @@ class BuiltProgram:
     def methods(self) -> list[str]:
         return list(self.spec["methods"])
 
-    def inputs(self, method: str, kind: str = "normal", seed: int = 0) -> tuple:
+    def inputs(self, method: str, kind: str = "normal", seed: int = 0, extent: str = "") -> tuple:
+        """Inputs of ``kind``; ``extent`` "min"/"max" puts every dynamic dim
+        at its bound instead of the spec's example size."""
         make = self.namespace["make_input"]
-        return tuple(make(tuple(inp["shape"]), inp.get("dtype", "float32"), kind, seed * 7919 + index)
+        return tuple(make(self._shape(inp, extent), inp.get("dtype", "float32"), kind, seed * 7919 + index)
                      for index, inp in enumerate(self.spec["methods"][method]["inputs"]))
+
+    @staticmethod
+    def _shape(inp: dict, extent: str) -> tuple:
+        shape = list(inp["shape"])
+        for dim, low, high in inp.get("dynamic", []) if extent else ():
+            shape[dim] = low if extent == "min" else high
+        return tuple(shape)
+
+    def input_cases(self, method: str, kinds=None):
+        """(label, inputs) for every input kind at the spec's shapes, plus
+        normal inputs at the smallest and largest dynamic sizes."""
+        for kind in kinds or INPUT_KINDS_DEFAULT:
+            yield kind, self.inputs(method, kind)
+        if any(inp.get("dynamic") for inp in self.spec["methods"][method]["inputs"]):
+            for extent in ("min", "max"):
+                yield f"normal at the {extent} dynamic sizes", self.inputs(method, "normal", extent=extent)
 
     def method_module(self, method: str) -> torch.nn.Module:
         """A module whose forward is ``method``; parameters keep their names, so
@@ -319,7 +345,8 @@ class BuiltProgram:
             for dim, low, high in inp.get("dynamic", []):
                 dims[dim] = torch.export.Dim(f"{inp['name']}_d{dim}", min=low, max=high)
             specs.append(dims or None)
-        return tuple(specs)
+        # method_module's forward takes ``*args``: one parameter holding the tuple.
+        return (tuple(specs),)
 
     @property
     def stateful(self) -> bool:

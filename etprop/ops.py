@@ -180,3 +180,8 @@ def family(op: str) -> str:
 def render(node: dict, args: list[str]) -> str:
     _, renderer = OPS[node["op"]]
     return renderer(args, node.get("attrs", {}), node.get("state"))
+
+
+# Ops whose eager CPU kernels (or whose meaning) need float32: a program drawn
+# in float16/bfloat16 does not use them.
+FLOAT32_ONLY: frozenset[str] = frozenset()

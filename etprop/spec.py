@@ -3,6 +3,7 @@
 A spec is a dict::
 
     {"format": "etprop-spec/1",
+     "dtype":   "float32",                    # optional: the program's float dtype
      "state":   {name: state entry},          # layers, weights, buffers, constants
      "methods": {name: {"inputs": [...], "nodes": [...], "outputs": [...]}}}
 
@@ -113,6 +114,8 @@ def validate(spec: Any) -> None:
     _require(spec.get("format") == FORMAT,
              f"spec format is {spec.get('format')!r}, this etprop reads {FORMAT!r}; "
              "re-create the repro with this etprop version")
+    _require(spec.get("dtype", "float32") in DTYPES,
+             f"spec dtype {spec.get('dtype')!r} is not one of {DTYPES}")
     state = spec.get("state", {})
     _require(isinstance(state, dict), "'state' must be an object")
     for name, entry in state.items():

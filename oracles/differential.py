@@ -4,6 +4,11 @@ Both lowerings come from one export (etprop.check lowers every flow of an
 example from the same exported programs). The candidate must lower whenever
 the baseline does, must not be larger (beyond SIZE_SLACK_BYTES), and must not
 delegate less; each flow's own eager equivalence is checked by its own oracle.
+
+A candidate that promises shared cache entries across methods (Core AI
+multifunction) must also make its one bundle no larger than the stock
+bundles with every weight counted once, within MULTIFUNCTION_TOLERANCE: for
+methods that share all weights that is "within 1% of the single-method size".
 """
 
 from __future__ import annotations
@@ -15,6 +20,38 @@ NAME = "differential"
 # Metadata that legitimately differs between two lowerings of one program
 # (delegate names, debug handles, alignment padding of one segment).
 SIZE_SLACK_BYTES = 256
+# How much larger one multifunction bundle may be than the stock bundles of
+# all methods with each weight counted once (function tables, metadata).
+MULTIFUNCTION_TOLERANCE = 0.01
+
+
+def _bundle_bytes(files: dict[str, bytes]) -> int:
+    return sum(len(data) for data in files.values())
+
+
+def multifunction_excess(base, lowering) -> str | None:
+    """Why the candidate's bundles are too large for shared weights, or None."""
+    from etprop.coreai_runtime import bundle_files
+    from etprop.oracles.growth import count_occurrences, program_weights
+
+    stock = bundle_files(base.executorch, base.pte)
+    if len({key.split("/")[0] for key in stock}) < 2:
+        return None
+    shared = {tuple(sorted(files.items())): files for files in bundle_files(lowering.executorch, lowering.pte).values()}
+    candidate_bytes = sum(_bundle_bytes(files) for files in shared.values())
+    stock_bytes = sum(_bundle_bytes(files) for files in stock.values())
+    repeated = 0
+    for weight in program_weights(base.built):
+        holders = sum(1 for files in stock.values()
+                      if any(count_occurrences(data, weight.tensor) for data in files.values()))
+        repeated += max(holders - 1, 0) * weight.tensor.numel() * weight.tensor.element_size()
+    allowed = (stock_bytes - repeated) * (1 + MULTIFUNCTION_TOLERANCE)
+    if candidate_bytes > allowed:
+        return (f"{lowering.flow.name} stores {len(shared)} bundle(s) of {candidate_bytes} bytes; the "
+                f"{len(stock)} stock bundles hold {stock_bytes} bytes of which {repeated} are weights "
+                f"repeated across methods, so at most {allowed:.0f} bytes were expected "
+                f"(+{MULTIFUNCTION_TOLERANCE:.0%})")
+    return None
 
 
 def check(lowering, lowerings) -> Verdict:
@@ -38,4 +75,8 @@ def check(lowering, lowerings) -> Verdict:
     if worse:
         return Verdict.failed(NAME, f"{lowering.flow.name} leaves more ops outside delegates than "
                                     f"{base.flow.name}: {worse}", Outcome.VIOLATION)
+    if lowering.flow.promises.shared_cache and lowering.flow.runtime == "coreai":
+        excess = multifunction_excess(base, lowering)
+        if excess:
+            return Verdict.failed(NAME, excess, Outcome.VIOLATION)
     return Verdict.passed(NAME, f"{len(lowering.pte)} vs {len(base.pte)} bytes; coverage not worse")

@@ -1,7 +1,7 @@
 """Eager equivalence: the real lowered program, run on several inputs, matches eager.
 
 Inputs per method: random normal, negative, zeros, large and small magnitudes
-(builder.INPUT_KINDS). The .pte is run by the ExecuTorch runtime (Core AI
+(builder.INPUT_KINDS), and for dynamic dims normal inputs at both bounds. The .pte is run by the ExecuTorch runtime (Core AI
 programs by etprop's Core AI interpreter); comparison follows oracles/tolerance.
 """
 
@@ -93,8 +93,7 @@ def _run_all(built, runner, kinds, base, sequence) -> Verdict:
         # eager shares them, so each method's sequence starts afresh.
         if sequence:
             built.reset_state()
-        for kind in kinds:
-            inputs = built.inputs(method, kind)
+        for kind, inputs in built.input_cases(method, kinds):
             with stages.timed("torch"):
                 expected = built.eager(method, inputs, restore=not sequence)
                 noise = built.noise(method, inputs, expected, restore=not sequence)

@@ -11,6 +11,7 @@ def _equivalence(lowering, lowerings):
 SINGLE_FLOW = [_equivalence, growth.check, cycles.check, coverage.check]
 DIFFERENTIAL = SINGLE_FLOW + [differential.check]
 MULTI_METHOD = SINGLE_FLOW + [shared_cache.check]
+DIFFERENTIAL_MULTI_METHOD = DIFFERENTIAL + [shared_cache.check]
 
 # The oracles each property runs, by the property name recorded in repros.
 ORACLES_BY_PROPERTY = {
@@ -19,4 +20,5 @@ ORACLES_BY_PROPERTY = {
     "differential": DIFFERENTIAL,
     "control_flow": SINGLE_FLOW,
     "multi_method": MULTI_METHOD,
+    "differential_multi_method": DIFFERENTIAL_MULTI_METHOD,
 }

@@ -1,12 +1,14 @@
 """Baseline vs candidate on the same drawn program (one export, two lowerings):
 both match eager, the candidate lowers whenever the baseline does, is not
-larger and delegates no less. ``etprop gate`` runs exactly these."""
+larger and delegates no less; over multi-method programs, shared weights are
+also stored once across methods. ``etprop gate`` runs exactly these."""
 
 import pytest
 from hypothesis import given
 
-from etprop.properties.oracle_sets import DIFFERENTIAL
-from etprop.strategies.programs import computed_weight_programs, programs
+from etprop.properties.oracle_sets import DIFFERENTIAL, DIFFERENTIAL_MULTI_METHOD
+from etprop.strategies.control_flow import control_flow_programs
+from etprop.strategies.programs import computed_weight_programs, multi_method_programs, programs
 
 
 @pytest.mark.etprop_family("mixed")
@@ -19,3 +21,15 @@ def test_differential_mixed(flow_pair, spec, etprop):
 @given(spec=computed_weight_programs())
 def test_differential_computed_weights(flow_pair, spec, etprop):
     etprop.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
+
+
+@pytest.mark.etprop_family("control_flow")
+@given(spec=control_flow_programs())
+def test_differential_control_flow(flow_pair, spec, etprop):
+    etprop.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
+
+
+@pytest.mark.etprop_family("multi_method")
+@given(spec=multi_method_programs())
+def test_differential_multi_method(flow_pair, spec, etprop):
+    etprop.check(spec, list(flow_pair), "differential_multi_method", DIFFERENTIAL_MULTI_METHOD)

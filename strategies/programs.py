@@ -26,8 +26,20 @@ def input_values(draw, program: ProgramDraft, count: int | None = None, rank: in
     return values
 
 
-def _inputs_spec(values: list[Value]) -> list[dict]:
-    return [{"name": v.name, "shape": list(v.shape), "dtype": "float32"} for v in values]
+def _inputs_spec(values: list[Value], dtype: str = "float32") -> list[dict]:
+    return [{"name": v.name, "shape": list(v.shape), "dtype": dtype} for v in values]
+
+
+# float32 first (Hypothesis shrinks toward it); the half types where ops allow.
+PROGRAM_DTYPES = ("float32", "float32", "float32", "float16", "bfloat16")
+
+
+def _spec(program: ProgramDraft, methods: dict) -> dict:
+    spec = {"format": FORMAT, "state": program.state, "methods": methods}
+    if program.dtype != "float32":
+        spec["dtype"] = program.dtype
+        event(f"dtype: {program.dtype}")
+    return spec
 
 
 def draw_body(draw, graph: GraphDraft, slots: int, drawers) -> None:
@@ -45,7 +57,7 @@ def finish_method(graph: GraphDraft) -> dict:
     outputs = graph.leaves()
     if not outputs:
         outputs = [graph.add("relu", [graph.inputs[0]]).name]
-    return {"inputs": _inputs_spec(graph.inputs), "nodes": graph.nodes, "outputs": outputs}
+    return {"inputs": _inputs_spec(graph.inputs, graph.program.dtype), "nodes": graph.nodes, "outputs": outputs}
 
 
 @st.composite
@@ -58,17 +70,54 @@ def method_body(draw, program: ProgramDraft, min_nodes: int, max_nodes: int, dra
 
 @st.composite
 def programs(draw, min_nodes: int = 1, max_nodes: int = 32, computed_weights: bool = False,
-             gemm_heavy: bool = False):
+             gemm_heavy: bool = False, dtype: str | None = None, dynamic_batch: bool | None = None):
     """Single-method programs over the whole op vocabulary.
 
     ``computed_weights`` makes every GEMM weight computed from parameters;
-    ``gemm_heavy`` doubles the GEMMs' share of node slots.
+    ``gemm_heavy`` doubles the GEMMs' share of node slots. ``dtype`` and
+    ``dynamic_batch`` fix what is otherwise drawn (a dynamic batch dim is
+    only made where the graph allows one).
     """
-    program = ProgramDraft(computed_weights=computed_weights)
+    program = ProgramDraft(computed_weights=computed_weights,
+                           dtype=dtype or draw(st.sampled_from(PROGRAM_DTYPES)))
     drawers = DRAWERS + GEMM_DRAWERS if gemm_heavy else DRAWERS
     body = draw(method_body(program, min_nodes, max_nodes, drawers))
     event(f"nodes: {len(body['nodes']) // 8 * 8}-{len(body['nodes']) // 8 * 8 + 7}")
-    return {"format": FORMAT, "state": program.state, "methods": {"forward": body}}
+    if dynamic_batch if dynamic_batch is not None else draw(st.integers(0, 1)) == 1:
+        _make_batch_dynamic(draw, program, body)
+    return _spec(program, {"forward": body})
+
+
+# The smallest dynamic size: torch.export specializes sizes 0 and 1.
+MIN_DYNAMIC = 2
+
+
+def _make_batch_dynamic(draw, program: ProgramDraft, body: dict) -> None:
+    """Export the leading dim of a one-input method as dynamic, when the
+    graph type-checks at both bounds (no op pins the batch size)."""
+    if len(body["inputs"]) != 1 or body["inputs"][0]["shape"][0] < MIN_DYNAMIC:
+        return
+    inp = body["inputs"][0]
+    high = max(inp["shape"][0], MIN_DYNAMIC + 1) + draw(st.integers(0, 6))
+    rest = tuple(inp["shape"][1:])
+    sizes = (MIN_DYNAMIC, high, 2 * high + 1)
+    shapes = [_shapes(program, body, [Value(inp["name"], (size,) + rest)]) for size in sizes]
+    if all(shapes) and all(_batch_linear(sizes, [found[name] for found in shapes]) for name in shapes[0]):
+        inp["dynamic"] = [[0, MIN_DYNAMIC, high]]
+        event("dynamic batch dim")
+
+
+def _batch_linear(sizes: tuple, shapes: list[tuple]) -> bool:
+    """Each dim is fixed or a multiple of the batch size at every size: what
+    export can express without guards (a slice of the batch dim is neither)."""
+    if len({len(shape) for shape in shapes}) != 1:
+        return False
+    for dims in zip(*shapes):
+        fixed = len(set(dims)) == 1
+        multiple = all(d % s == 0 for d, s in zip(dims, sizes)) and len({d // s for d, s in zip(dims, sizes)}) == 1
+        if not (fixed or multiple):
+            return False
+    return True
 
 
 def computed_weight_programs(min_nodes: int = 1, max_nodes: int = 16):
@@ -76,26 +125,31 @@ def computed_weight_programs(min_nodes: int = 1, max_nodes: int = 16):
     return programs(min_nodes=min_nodes, max_nodes=max_nodes, computed_weights=True, gemm_heavy=True)
 
 
-def _reinfer(program: ProgramDraft, body: dict, inputs: list[Value]) -> bool:
-    """Whether ``body``'s nodes still type-check with other input shapes."""
+def _shapes(program: ProgramDraft, body: dict, inputs: list[Value]) -> dict | None:
+    """Every node's shape with other input shapes, or None if one no longer type-checks."""
     graph = GraphDraft(program, inputs)
     known = {v.name: v for v in inputs}
     for node in body["nodes"]:
         if node["op"] in ("cond", "map", "scan", "while_loop"):
-            return False
+            return None
         args = [known[a] for a in node["args"]]
         shape = graph.infer(node, args)
-        if shape is None:
-            return False
+        if shape is None or not all(shape):
+            return None
         known[node["id"]] = Value(node["id"], shape)
-    return True
+    return {name: value.shape for name, value in known.items()}
+
+
+def _reinfer(program: ProgramDraft, body: dict, inputs: list[Value]) -> bool:
+    """Whether ``body``'s nodes still type-check with other input shapes."""
+    return _shapes(program, body, inputs) is not None
 
 
 @st.composite
 def multi_method_programs(draw, min_methods: int = 2, max_methods: int = 4, max_nodes: int = 16):
     """Several methods over shared weights: the same graph at another batch
     size (decode/prefill style), or a different graph over the same state."""
-    program = ProgramDraft()
+    program = ProgramDraft(dtype=draw(st.sampled_from(PROGRAM_DTYPES)))
     first = draw(method_body(program, 2, max_nodes, DRAWERS + GEMM_DRAWERS))
     methods = {"forward": first}
     for index in range(1, draw(st.integers(min_methods, max_methods))):
@@ -105,10 +159,10 @@ def multi_method_programs(draw, min_methods: int = 2, max_methods: int = 4, max_
         if style == "same_graph_other_shape":
             inputs = [Value(i["name"], (draw(st.integers(1, 8)),) + tuple(i["shape"][1:])) for i in first["inputs"]]
             if _reinfer(program, first, inputs):
-                methods[name] = {"inputs": _inputs_spec(inputs), "nodes": first["nodes"],
+                methods[name] = {"inputs": _inputs_spec(inputs, program.dtype), "nodes": first["nodes"],
                                  "outputs": first["outputs"]}
                 event("multi-method: same graph, other batch")
                 continue
         methods[name] = draw(method_body(program, 2, max_nodes, GEMM_DRAWERS + DRAWERS))
         event("multi-method: other graph, shared state")
-    return {"format": FORMAT, "state": program.state, "methods": methods}
+    return _spec(program, methods)

@@ -320,3 +320,45 @@ def test_sidecar_delivery_writes_one_bundle(tmp_path):
         for method, rows in (("forward", 1), ("prefill", 4)):
             x = torch.randn(rows, 16)
             assert_matches(runner.run(method, [x]), module(x))
+
+
+@pytest.fixture(scope="module")
+def two_method_lowerings():
+    """A spec whose two methods share a Linear, lowered by stock and multifunction."""
+    import copy
+
+    from etprop import builder, pipeline
+    from etprop.spec import FORMAT
+
+    layer = lambda n_in, n_out, seed: {"kind": "layer", "type": "Linear", "seed": seed,  # noqa: E731
+                                       "kwargs": {"in_features": n_in, "out_features": n_out}}
+    spec = {"format": FORMAT, "state": {"l1": layer(64, 64, 1), "l2": layer(64, 32, 2)},
+            "methods": {
+                "forward": {"inputs": [{"name": "x", "shape": [1, 64], "dtype": "float32"}],
+                            "nodes": [{"id": "a", "op": "layer", "args": ["x"], "state": "l1"},
+                                      {"id": "b", "op": "layer", "args": ["a"], "state": "l2"}],
+                            "outputs": ["b"]},
+                "prefill": {"inputs": [{"name": "x", "shape": [8, 64], "dtype": "float32"}],
+                            "nodes": [{"id": "a", "op": "layer", "args": ["x"], "state": "l1"}],
+                            "outputs": ["a"]}}}
+    built = builder.build(spec)
+    exported = pipeline.export_program(built)
+    return {name: pipeline.lower(built, flows.get(name), copy.deepcopy(exported)) for name in ("coreai", FLOW.name)}
+
+
+def test_differential_accepts_one_bundle_with_weights_once(two_method_lowerings):
+    from etprop.oracles import differential
+
+    verdict = differential.check(two_method_lowerings[FLOW.name], two_method_lowerings)
+    assert verdict.ok, verdict
+
+
+def test_differential_rejects_a_multifunction_flow_that_keeps_one_bundle_per_method(two_method_lowerings):
+    """The stock lowering presented as the candidate: the shared Linear is in both bundles."""
+    from etprop.oracles import differential
+
+    stock = two_method_lowerings["coreai"]
+    unmerged = dataclasses.replace(stock, flow=FLOW)
+    verdict = differential.check(unmerged, {"coreai": stock, FLOW.name: unmerged})
+    assert not verdict.ok
+    assert "stores 2 bundle(s)" in verdict.message and "repeated across methods" in verdict.message, verdict.message

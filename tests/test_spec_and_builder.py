@@ -73,3 +73,39 @@ def test_generated_source_is_standalone(tiny_spec):
     x = namespace["make_input"]((2, 8), "float32", "normal", 0)
     assert module.forward(x)[0].shape == (2, 4)
     assert json.loads(json.dumps(namespace["INPUTS"])) == {"forward": tiny_spec["methods"]["forward"]["inputs"]}
+
+
+def _is_dynamic(spec):
+    return any(inp.get("dynamic") for inp in spec["methods"]["forward"]["inputs"])
+
+
+def test_dynamic_batch_programs_export_and_run_at_both_bounds():
+    from hypothesis import find
+
+    spec = find(programs(min_nodes=3, max_nodes=10, dynamic_batch=True), _is_dynamic,
+                settings=settings(database=None, derandomize=True, max_examples=500))
+    built = builder.build(spec)
+    exported = pipeline.export_program(built)["forward"].module()
+    (dim, low, high), = spec["methods"]["forward"]["inputs"][0]["dynamic"]
+    labels = [label for label, _ in built.input_cases("forward")]
+    assert labels[-2:] == ["normal at the min dynamic sizes", "normal at the max dynamic sizes"]
+    for extent, size in (("min", low), ("max", high)):
+        inputs = built.inputs("forward", extent=extent)
+        assert inputs[0].shape[dim] == size
+        for want, got in zip(built.eager("forward", inputs), exported(*inputs)):
+            torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_programs_build_in_their_dtype(dtype):
+    @settings(max_examples=8, deadline=None, database=None, derandomize=True)
+    @given(spec=programs(max_nodes=10, dtype=dtype))
+    def in_dtype(spec):
+        assert spec["dtype"] == dtype
+        built = builder.build(spec)
+        assert all(t.dtype == getattr(torch, dtype) for t in built.module.state_dict().values()
+                   if t.is_floating_point())
+        inputs = built.inputs("forward")
+        assert all(x.dtype == getattr(torch, dtype) for x in inputs)
+        pipeline.export_program(built)
+    in_dtype()
