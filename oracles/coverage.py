@@ -53,6 +53,14 @@ def portable_ops(lowering) -> Counter:
     return counts
 
 
+def delegate_calls(lowering) -> int:
+    """Delegate calls across all methods, control-flow submodules included."""
+    return sum(1 for method in lowering.built.methods
+               for _, gm in graph_modules(lowering.edge.exported_program(method).graph_module)
+               for node in gm.graph.nodes
+               if node.op == "call_function" and op_name(node) == "executorch_call_delegate")
+
+
 def regressions(base, candidate) -> dict:
     """Ops the candidate leaves outside delegates more often than the baseline."""
     before, after = portable_ops(base), portable_ops(candidate)

@@ -115,3 +115,14 @@ def test_differential_rejects_growth_and_new_lowering_failures(lowerings):
     worse = differential.check(dataclasses.replace(lowerings["portable"], flow=flows.get("portable")),
                                {"xnnpack": base, "portable": lowerings["portable"]})
     assert not worse.ok and "more ops outside delegates" in worse.message
+
+
+def test_differential_allows_each_extra_delegate_its_fixed_cost_and_no_more(lowerings):
+    base, delegated = lowerings["portable"], lowerings["xnnpack"]
+    extra = coverage.delegate_calls(delegated) - coverage.delegate_calls(base)
+    assert extra >= 1
+    budget = len(base.pte) + differential.SIZE_SLACK_BYTES + extra * differential.DELEGATE_OVERHEAD_BYTES
+    pad = lambda size: dataclasses.replace(delegated, pte=bytes(size))  # noqa: E731
+    assert differential.check(pad(budget), {"portable": base, "xnnpack": pad(budget)}).ok
+    verdict = differential.check(pad(budget + 1), {"portable": base, "xnnpack": pad(budget + 1)})
+    assert not verdict.ok and f"{extra} more delegates" in verdict.message, verdict.message
