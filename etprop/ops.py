@@ -164,6 +164,11 @@ OPS: dict[str, tuple[str, Render]] = {
     "avg_pool2d": ("pool", _call("F.avg_pool2d", "kernel_size", "stride", "padding", "ceil_mode",
                                  "count_include_pad", "divisor_override")),
     "adaptive_avg_pool2d": ("pool", _call("F.adaptive_avg_pool2d", "output_size")),
+    # resampling
+    "interpolate": ("resample", _call("F.interpolate", "size", "scale_factor", "mode", "align_corners",
+                                      "recompute_scale_factor", "antialias")),
+    "pixel_shuffle": ("resample", _call("F.pixel_shuffle", "upscale_factor")),
+    "pixel_unshuffle": ("resample", _call("F.pixel_unshuffle", "downscale_factor")),
     # state
     "buffer_update": ("state", _state_update),
 }
@@ -180,8 +185,3 @@ def family(op: str) -> str:
 def render(node: dict, args: list[str]) -> str:
     _, renderer = OPS[node["op"]]
     return renderer(args, node.get("attrs", {}), node.get("state"))
-
-
-# Ops whose eager CPU kernels (or whose meaning) need float32: a program drawn
-# in float16/bfloat16 does not use them.
-FLOAT32_ONLY: frozenset[str] = frozenset()

@@ -64,7 +64,8 @@ class ProgramDraft:
     seeds: itertools.count = field(default_factory=lambda: itertools.count(1))
     # Draw every GEMM weight as a computed one (the computed-weights family).
     computed_weights: bool = False
-    # The program's float dtype (spec "dtype"); some ops exist only in float32.
+    # The program's float dtype (spec "dtype"); drawers avoid what torch's
+    # CPU kernels lack for half types.
     dtype: str = "float32"
 
     def fresh(self, prefix: str) -> str:
@@ -108,9 +109,6 @@ class GraphDraft:
 
     def add(self, op: str, args: list[Value], attrs: Optional[dict] = None,
             state: Optional[str] = None) -> Optional[Value]:
-        if self.program.dtype != "float32" and op in ops.FLOAT32_ONLY:
-            event(f"strategy skipped {op}: float32 only")
-            return None
         node = {"id": self.program.fresh("v"), "op": op, "args": [v.name for v in args]}
         if attrs:
             node["attrs"] = attrs

@@ -409,6 +409,54 @@ def draw_adaptive_avg_pool2d(draw, g):
     return g.add("adaptive_avg_pool2d", [x], {"output_size": size})
 
 
+# Interpolation modes by input rank; which take align_corners / antialias.
+_INTERPOLATE_MODES = {3: ["nearest", "linear", "nearest-exact", "area"],
+                      4: ["nearest", "bilinear", "bicubic", "nearest-exact", "area"]}
+_ALIGNABLE = {"linear", "bilinear", "bicubic"}
+
+
+def draw_interpolate(draw, g):
+    """F.interpolate with its whole signature: an output size or a scale
+    factor (per dim or one for all), every mode for the rank, align_corners,
+    recompute_scale_factor and antialias where the mode takes them."""
+    x = g.pick(draw, lambda v: v.rank in (3, 4))
+    if x is None:
+        return None
+    spatial = x.shape[2:]
+    mode = draw(st.sampled_from(_INTERPOLATE_MODES[x.rank]))
+    attrs: dict = {"mode": mode}
+    if draw(st.booleans()):
+        attrs["size"] = [draw(st.integers(1, 2 * s + 2)) for s in spatial]
+        if len(spatial) == 1 and draw(st.booleans()):
+            attrs["size"] = attrs["size"][0]
+    else:
+        factors = [draw(st.sampled_from([0.5, 1.5, 2.0, 3.0])) for _ in spatial]
+        attrs["scale_factor"] = factors[0] if draw(st.booleans()) else factors
+        if draw(st.booleans()):
+            attrs["recompute_scale_factor"] = True
+    if mode in _ALIGNABLE and draw(st.booleans()):
+        attrs["align_corners"] = True
+    # torch has no float16 CPU kernel for antialiased resampling.
+    if mode in ("bilinear", "bicubic") and g.program.dtype == "float32" and draw(st.integers(0, 3)) == 0:
+        attrs["antialias"] = True
+    return g.add("interpolate", [x], attrs)
+
+
+def draw_pixel_shuffle(draw, g):
+    x = g.pick(draw, lambda v: v.rank == 4)
+    if x is None:
+        return None
+    if draw(st.booleans()):
+        factors = [r for r in (2, 3) if x.shape[1] % (r * r) == 0]
+        if not factors:
+            return None
+        return g.add("pixel_shuffle", [x], {"upscale_factor": draw(st.sampled_from(factors))})
+    factors = [r for r in (2, 3) if x.shape[2] % r == 0 and x.shape[3] % r == 0]
+    if not factors:
+        return None
+    return g.add("pixel_unshuffle", [x], {"downscale_factor": draw(st.sampled_from(factors))})
+
+
 def draw_layer_norm(draw, g):
     x = g.pick(draw, lambda v: v.rank >= 2)
     if x is None:
@@ -514,6 +562,8 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("avg_pool1d", _pool("avg_pool1d", 1)),
     ("avg_pool2d", _pool("avg_pool2d", 2)),
     ("adaptive_avg_pool2d", draw_adaptive_avg_pool2d),
+    ("interpolate", draw_interpolate),
+    ("pixel_shuffle", draw_pixel_shuffle),
     ("layer_norm", draw_layer_norm),
     ("batch_norm", draw_batch_norm),
     ("group_norm", draw_group_norm),
