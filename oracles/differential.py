@@ -3,7 +3,8 @@
 Both lowerings come from one export (etprop.check lowers every flow of an
 example from the same exported programs). The candidate must lower whenever
 the baseline does, must not be larger (beyond SIZE_SLACK_BYTES, plus
-DELEGATE_OVERHEAD_BYTES for each delegate call it adds), and must not delegate
+DELEGATE_OVERHEAD_BYTES for each delegate call it adds, plus the function
+bindings a Core AI multifunction manifest carries), and must not delegate
 less; each flow's own eager equivalence is checked by its own oracle.
 
 A candidate that promises shared cache entries across methods (Core AI
@@ -29,6 +30,24 @@ DELEGATE_OVERHEAD_BYTES = 1024
 # How much larger one multifunction bundle may be than the stock bundles of
 # all methods with each weight counted once (function tables, metadata).
 MULTIFUNCTION_TOLERANCE = 0.01
+
+
+def _binding_bytes(lowering) -> int:
+    """Bytes of the per-delegate function bindings in Core AI manifests (the
+    multifunction design names each delegate's function and I/O there; a
+    stock manifest has none). Everything else must not grow."""
+    if lowering.flow.runtime != "coreai":
+        return 0
+    import json
+
+    from etprop.coreai_runtime import coreai_delegates
+    from etprop.oracles.shared_cache import BINDING_FIELDS
+
+    total = 0
+    for lowered in coreai_delegates(lowering.executorch).values():
+        manifest = json.loads(bytes(lowered.processed_bytes).decode())
+        total += sum(len(json.dumps({key: manifest[key]})) for key in BINDING_FIELDS if key in manifest)
+    return total
 
 
 def _bundle_bytes(files: dict[str, bytes]) -> int:
@@ -74,12 +93,13 @@ def check(lowering, lowerings) -> Verdict:
 
     grown = len(lowering.pte) - len(base.pte)
     extra_delegates = max(coverage.delegate_calls(lowering) - coverage.delegate_calls(base), 0)
-    allowed = SIZE_SLACK_BYTES + extra_delegates * DELEGATE_OVERHEAD_BYTES
+    bindings = _binding_bytes(lowering) - _binding_bytes(base)
+    allowed = SIZE_SLACK_BYTES + extra_delegates * DELEGATE_OVERHEAD_BYTES + max(bindings, 0)
     if grown > allowed:
         return Verdict.failed(NAME, f".pte grew: {lowering.flow.name} {len(lowering.pte)} bytes vs "
                                     f"{base.flow.name} {len(base.pte)} bytes (+{grown}; allowed {allowed}: slack "
                                     f"{SIZE_SLACK_BYTES} + {extra_delegates} more delegates x "
-                                    f"{DELEGATE_OVERHEAD_BYTES})",
+                                    f"{DELEGATE_OVERHEAD_BYTES} + {max(bindings, 0)} bytes of manifest bindings)",
                               Outcome.VIOLATION, candidate_bytes=len(lowering.pte), baseline_bytes=len(base.pte))
 
     worse = coverage.regressions(base, lowering)
