@@ -361,12 +361,19 @@ class CoreAIProgram:
                 values.append(ep.constants[spec.target])
             else:
                 raise NotImplementedError(f"input kind {spec.kind} in method '{method}'")
-        outputs = _Interpreter(ep.graph_module, self).run(*values)
+        outputs = list(_Interpreter(ep.graph_module, self).run(*values))
+        user_specs = [spec.kind == OutputKind.USER_OUTPUT for spec in signature.output_specs]
+        if len(outputs) == len(user_specs):
+            outputs = [value for value, is_user in zip(outputs, user_specs) if is_user]
+        elif len(outputs) != sum(user_specs):
+            # to_executorch writes buffer mutations back inside the graph
+            # (copy_) and returns only user outputs, yet keeps the mutation
+            # specs; anything else is a graph this interpreter does not know.
+            raise RuntimeError(f"method '{method}' returns {len(outputs)} values; its signature has "
+                               f"{len(user_specs)} outputs of which {sum(user_specs)} are user outputs")
         # Copies, as the ExecuTorch runtime hands back: an output may be an
         # input passed straight through.
-        return [value.clone() if isinstance(value, torch.Tensor) else value
-                for spec, value in zip(signature.output_specs, outputs)
-                if spec.kind == OutputKind.USER_OUTPUT]
+        return [value.clone() if isinstance(value, torch.Tensor) else value for value in outputs]
 
 
 class _Interpreter(torch.fx.Interpreter):

@@ -475,3 +475,29 @@ def test_add_and_sub_keep_alpha():
     program = lower({"forward": (module, (x, y))})
     with CoreAIProgram(program) as runner:
         assert_matches(runner.run("forward", [x, y]), module(x, y))
+
+
+def test_method_with_a_buffer_written_back_in_graph_returns_its_user_outputs():
+    """to_executorch writes a mutated buffer back with copy_ and returns only the
+    user outputs while the signature still lists the mutation: the interpreter
+    must not pair them up by position (found by the multi-method property)."""
+    from etprop import builder, pipeline
+    from etprop.oracles import equivalence
+    from etprop.spec import FORMAT
+
+    spec = {"format": FORMAT, "dtype": "float16",
+            "state": {"m": {"kind": "buffer", "mutable": True, "shape": [1, 3, 1], "seed": 2},
+                      "n": {"kind": "layer", "type": "LayerNorm", "seed": 4,
+                            "kwargs": {"normalized_shape": [1], "elementwise_affine": False}}},
+            "methods": {"score": {"inputs": [{"name": "x", "shape": [4, 3, 3], "dtype": "float16"}],
+                                  "nodes": [{"id": "a", "op": "mean", "args": ["x"],
+                                             "attrs": {"dim": [-1, -3], "keepdim": True}},
+                                            {"id": "b", "op": "buffer_update", "args": ["a"], "state": "m",
+                                             "attrs": {"how": "copy"}},
+                                            {"id": "c", "op": "layer", "args": ["b"], "state": "n"}],
+                                  "outputs": ["c"]}}}
+    built = builder.build(spec)
+    lowering = pipeline.lower(built, flows.get("coreai"), pipeline.export_program(built))
+    assert lowering.ok, lowering.error
+    verdict = equivalence.check(lowering)
+    assert verdict.ok, verdict.message
