@@ -132,6 +132,10 @@ OPS: dict[str, tuple[str, Render]] = {
     "floor": ("elementwise", _call("torch.floor")),
     "ceil": ("elementwise", _call("torch.ceil")),
     "round": ("elementwise", _call("torch.round")),
+    # dtype round trips: a float64 and an int64 intermediate, what Core AI's
+    # default passes narrow to 32 bits at delegate boundaries
+    "via_float64": ("dtype", lambda a, at, s: f"({a[0]}.to(torch.float64) * 1.5).to({a[0]}.dtype)"),
+    "via_int64": ("dtype", lambda a, at, s: f"torch.trunc({a[0]} * 4).to(torch.int64).to({a[0]}.dtype)"),
     # binary elementwise
     "add": ("binary", _binary_with_state("torch.add", "alpha")),
     "sub": ("binary", _binary_with_state("torch.sub", "alpha")),

@@ -528,6 +528,8 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("floor", _unary("floor")),
     ("ceil", _unary("ceil")),
     ("round", _unary("round")),
+    ("via_float64", _unary("via_float64")),
+    ("via_int64", _unary("via_int64")),
     ("add", _binary("add", alpha=st.sampled_from([2.0, -1.0, 0.5]))),
     ("sub", _binary("sub", alpha=st.sampled_from([2.0, -1.0, 0.5]))),
     ("mul", _binary("mul")),
