@@ -1,4 +1,4 @@
-"""Shrinking saved repros (etprop shrink) and replaying crash repros in the worker."""
+"""Shrinking saved repros (etprop shrink)."""
 
 import json
 import subprocess
@@ -11,7 +11,6 @@ from etprop.spec import FORMAT
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = str(ROOT / "tests" / "fixtures" / "broken_flows.py")
-FAULTY = str(ROOT / "tests" / "fixtures" / "faulty_flows.py")
 
 
 def _big_spec() -> dict:
@@ -92,12 +91,3 @@ def test_shrink_refuses_a_repro_that_passes(tmp_path, make_linear_relu_spec):
     path = repro.write(tmp_path / "ok.json", make_linear_relu_spec(), ["portable"], "mixed", "mismatch")
     result = _etprop("shrink", str(path))
     assert result.returncode == 2 and "nothing to shrink" in result.stderr
-
-
-def test_repro_of_a_crash_replays_in_the_worker(tmp_path, make_linear_relu_spec):
-    """The command survives the segfault it replays and reports it as a crash."""
-    path = repro.write(tmp_path / "crash.json", make_linear_relu_spec(), ["test-fault-segfault"],
-                       "mixed", "crash", script=False)
-    result = _etprop("repro", "--flow-module", FAULTY, str(path), "--artifacts", str(tmp_path / "a"))
-    assert result.returncode == 1, result.stdout + result.stderr
-    assert "crash: SIGSEGV in lowering" in result.stdout and "verdict: still failing" in result.stdout
