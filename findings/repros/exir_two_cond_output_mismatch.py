@@ -119,8 +119,11 @@ def _parametrize(module, name, kind, **attrs):
     if kind == "weight_norm":
         parametrizations.weight_norm(module, name, dim=attrs.get("dim", 0))
     elif kind == "spectral_norm":
-        parametrizations.spectral_norm(module, name, n_power_iterations=attrs.get("n_power_iterations", 1),
-                                       dim=attrs.get("dim"))
+        # spectral_norm draws its power-iteration vectors from the global RNG.
+        with torch.random.fork_rng():
+            torch.manual_seed(attrs.get("n_power_iterations", 1))
+            parametrizations.spectral_norm(module, name, n_power_iterations=attrs.get("n_power_iterations", 1),
+                                           dim=attrs.get("dim"))
     elif kind == "scale":
         parametrize.register_parametrization(module, name, _Scale(attrs["factor"]))
     elif kind == "add_delta":
@@ -157,19 +160,8 @@ def make_input(shape, dtype, kind, seed):
 class Program(nn.Module):
     def __init__(self):
         super().__init__()
-        self.w5 = _Weight((6,), 1, 0.4082)
-        self.w6 = _Weight((6, 6), 2, 0.4082)
-        _parametrize(self.w6, 'weight', 'weight_norm', dim=-1)
-        _parametrize(self.w6, 'weight', 'buffer_scale', seed=467)
-        _parametrize(self.w6, 'weight', 'buffer_scale', seed=938)
         self.w11 = _Weight((6, 6), 3, 0.4082)
-        _parametrize(self.w11, 'weight', 'reshape')
-        self.w16 = _Weight((6, 6), 4, 0.4082)
-        _parametrize(self.w16, 'weight', 'low_rank', rank=4)
-        _parametrize(self.w16, 'weight', 'add_delta', seed=162)
-        _parametrize(self.w16, 'weight', 'buffer_scale', seed=998)
         self.w19 = _Weight((6,), 5, 0.4082)
-        _parametrize(self.w19, 'weight', 'scale', factor=2.0)
         _parametrize(self.w19, 'weight', 'buffer_scale', seed=387)
         self.w20 = _Weight((6, 6), 6, 0.4082)
         _parametrize(self.w20, 'weight', 'scale', factor=-1.0)
@@ -177,13 +169,9 @@ class Program(nn.Module):
         _parametrize(self.w20, 'weight', 'buffer_scale', seed=911)
 
     def forward(self, x0, x1):
-        v2 = torch.sum(x1, dim=[-2], keepdim=True)
         def _v3_branch0(a4):
-            v7 = F.linear(a4, self.w6.weight, self.w5.weight)
             v8 = torch.relu(a4)
-            v9 = torch.tanh(v7)
-            v10 = torch.tanh(v8)
-            return (v10,)
+            return (v8,)
         def _v3_branch1(a4):
             v12 = F.linear(a4, self.w11.weight, None)
             return (v12,)
@@ -192,20 +180,13 @@ class Program(nn.Module):
             v15 = torch.tanh(a14)
             return (v15,)
         def _v13_branch1(a14):
-            v17 = F.linear(a14, self.w16.weight, self.w5.weight)
-            v18 = torch.sub(a14, a14)
-            v21 = F.linear(v18, self.w20.weight, self.w19.weight)
+            v21 = F.linear(a14, self.w20.weight, self.w19.weight)
             return (v21,)
-        v13 = torch.cond(v2.mean() > -0.25, _v13_branch0, _v13_branch1, (v3,))[0]
-        v22 = torch.relu(v13)
-        v23 = torch.mul(v2, x1)
-        v24 = torch.softmax(v3, dim=-2)
-        v25 = torch.sum(x1, dim=[1], keepdim=True)
-        v26 = torch.tanh(v2)
-        return (v22, v23, v24, v25, v26,)
+        v13 = torch.cond(x1.mean() > -0.25, _v13_branch0, _v13_branch1, (v3,))[0]
+        return (v13,)
 
 
-INPUTS = {'forward': [{'name': 'x0', 'shape': [2, 6], 'dtype': 'float32'}, {'name': 'x1', 'shape': [4, 11], 'dtype': 'float32'}]}
+INPUTS = {'forward': [{'dtype': 'float32', 'name': 'x0', 'shape': [2, 6]}, {'dtype': 'float32', 'name': 'x1', 'shape': [4, 11]}]}
 
 import copy
 
