@@ -35,12 +35,18 @@ class Weight:
     copies: int = 1
 
 
+def tensor_bytes(tensor: torch.Tensor) -> bytes:
+    """The raw bytes of a tensor, any dtype (numpy has no bfloat16)."""
+    flat = tensor.detach().contiguous().reshape(-1)
+    return flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+
+
 def _layouts(tensor: torch.Tensor):
     """The bytes of every dimension permutation of ``tensor`` (distinct ones)."""
     seen = set()
     dims = range(tensor.dim())
     for order in itertools.permutations(dims) if tensor.dim() <= 4 else [tuple(dims)]:
-        data = tensor.detach().permute(order).contiguous().numpy().tobytes()
+        data = tensor_bytes(tensor.detach().permute(order))
         if data not in seen:
             seen.add(data)
             yield order, data
@@ -69,7 +75,7 @@ def program_weights(built) -> list[Weight]:
     for name, tensor in list(module.named_parameters()) + list(module.named_buffers()):
         if name in mutable or not tensor.dtype.is_floating_point or tensor.numel() * tensor.element_size() < MIN_BYTES:
             continue
-        key = tensor.detach().numpy().tobytes()
+        key = tensor_bytes(tensor)
         if key in seen:
             seen[key].copies += 1
         else:
@@ -84,7 +90,7 @@ def program_weights(built) -> list[Weight]:
             # transposed or flat) is that source: count it once, as the source.
             if any(data in seen for _, data in _layouts(value)):
                 continue
-            key = value.numpy().tobytes()
+            key = tensor_bytes(value)
             if value.numel() * value.element_size() >= MIN_BYTES:
                 prefix = f"{state_name}.parametrizations.{attribute}."
                 sources = tuple(w.name for w in weights if w.name.startswith(prefix))

@@ -126,3 +126,10 @@ def test_differential_allows_each_extra_delegate_its_fixed_cost_and_no_more(lowe
     assert differential.check(pad(budget), {"portable": base, "xnnpack": pad(budget)}).ok
     verdict = differential.check(pad(budget + 1), {"portable": base, "xnnpack": pad(budget + 1)})
     assert not verdict.ok and f"{extra} more delegates" in verdict.message, verdict.message
+
+
+def test_growth_reads_bfloat16_weights():
+    """numpy has no bfloat16: the oracle must read raw bytes (seen: a crash)."""
+    weight = torch.randn(4, 8).to(torch.bfloat16)
+    blob = b"header" + growth.tensor_bytes(weight.t()) + b"middle" + growth.tensor_bytes(weight)
+    assert growth.count_occurrences(blob, weight) == {(0, 1): 1, (1, 0): 1}
