@@ -42,6 +42,9 @@ class Promises:
     # Op families this flow must delegate (see oracles.coverage): a GEMM with a
     # parameter weight on XNNPACK, for example.
     delegates: frozenset[str] = frozenset()
+    # The dtypes those delegation claims hold for (XNNPACK has no bfloat16
+    # kernels, so a bfloat16 GEMM on portable is expected there).
+    delegate_dtypes: frozenset[str] = frozenset({"float32", "float16"})
 
 
 @dataclass(frozen=True)

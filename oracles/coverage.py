@@ -13,6 +13,7 @@ promises to delegate (``Promises.delegates``):
   parameter, buffer or constant is static (without it, only top-level GEMMs
   are judged, so stock XNNPACK is not blamed for bodies it never enters).
 
+Claims hold for the dtypes the flow names (``Promises.delegate_dtypes``).
 A GEMM left outside a delegate that the flow claims is a silent slow fallback:
 the failure names the node, its op and its weight.
 """
@@ -142,11 +143,12 @@ def _body_graphs(graph_module, static: set[str], prefix: str):
             yield from _body_graphs(body, inner, path)
 
 
-def undelegated_gemms(lowering, in_control_flow: bool = False) -> list[tuple[str, str, str, str]]:
+def undelegated_gemms(lowering, in_control_flow: bool = False, dtypes=None) -> list[tuple[str, str, str, str]]:
     """(method, node, op, weight kind) for GEMMs with non-dynamic weights left on portable.
 
     With ``in_control_flow``, GEMMs in cond/map/scan bodies count too: a body
-    placeholder is a static weight when it always receives one.
+    placeholder is a static weight when it always receives one. With
+    ``dtypes``, only GEMMs producing one of those dtypes count.
     """
     found = []
     for method in lowering.built.methods:
@@ -157,14 +159,21 @@ def undelegated_gemms(lowering, in_control_flow: bool = False) -> list[tuple[str
             graphs += [(f"{method}{path}", graph, inner)
                        for path, graph, inner in _body_graphs(program.graph_module, static, "")]
         for where, graph, names in graphs:
-            found += _undelegated_in(where, graph, names)
+            found += _undelegated_in(where, graph, names, dtypes)
     return found
 
 
-def _undelegated_in(method: str, graph, static: set[str]) -> list[tuple[str, str, str, str]]:
+def _dtype_of(node) -> str:
+    value = node.meta.get("val")
+    return str(value.dtype).removeprefix("torch.") if isinstance(value, torch.Tensor) else ""
+
+
+def _undelegated_in(method: str, graph, static: set[str], dtypes=None) -> list[tuple[str, str, str, str]]:
     found = []
     for node in graph.nodes:
         if node.op != "call_function":
+            continue
+        if dtypes is not None and _dtype_of(node) not in dtypes:
             continue
         name = op_name(node)
         index = GEMM_WEIGHT_ARG.get(name)
@@ -185,7 +194,8 @@ def check(lowering, lowerings=None) -> Verdict:
     if "gemm_computed_weight" in claims:
         wanted.add("computed")
     in_control_flow = "gemm_in_control_flow" in claims
-    missed = [g for g in undelegated_gemms(lowering, in_control_flow) if g[3] in wanted] if wanted else []
+    dtypes = lowering.flow.promises.delegate_dtypes
+    missed = [g for g in undelegated_gemms(lowering, in_control_flow, dtypes) if g[3] in wanted] if wanted else []
     if missed:
         listed = ", ".join(f"{method}/{node} ({op}, {kind} weight)" for method, node, op, kind in missed[:10])
         return Verdict.failed(NAME, f"{len(missed)} GEMM(s) that {lowering.flow.name} promises to delegate "

@@ -133,3 +133,20 @@ def test_growth_reads_bfloat16_weights():
     weight = torch.randn(4, 8).to(torch.bfloat16)
     blob = b"header" + growth.tensor_bytes(weight.t()) + b"middle" + growth.tensor_bytes(weight)
     assert growth.count_occurrences(blob, weight) == {(0, 1): 1, (1, 0): 1}
+
+
+def test_coverage_claims_hold_only_for_the_promised_dtypes(make_linear_relu_spec):
+    """XNNPACK has no bfloat16 GEMM: a bfloat16 linear on portable breaks no promise,
+    but a flow that claimed bfloat16 would be caught."""
+    from etprop import builder, pipeline
+
+    spec = make_linear_relu_spec()
+    spec["dtype"] = "bfloat16"
+    spec["methods"]["forward"]["inputs"][0]["dtype"] = "bfloat16"
+    built = builder.build(spec)
+    lowering = pipeline.lower(built, flows.get("xnnpack"), pipeline.export_program(built))
+    assert coverage.check(lowering).ok
+    claims_bf16 = dataclasses.replace(lowering.flow, promises=dataclasses.replace(
+        lowering.flow.promises, delegate_dtypes=frozenset({"float32", "bfloat16"})))
+    verdict = coverage.check(dataclasses.replace(lowering, flow=claims_bf16))
+    assert not verdict.ok and "promises to delegate" in verdict.message
