@@ -4,10 +4,11 @@ Counts, per method (control-flow submodules included), the ops of the lowered
 edge program that run outside any delegate, and enforces what the flow
 promises to delegate (``Promises.delegates``):
 
-- ``gemm_static_weight``: a convolution, linear, addmm or mm whose weight is a
-  parameter, buffer or constant (through views/permutes) runs in a delegate;
-- ``gemm_computed_weight``: the same for a weight computed only from such
-  tensors (weight_norm & co.), and the computation goes with it;
+- ``gemm_static_weight``: a convolution, linear, addmm or mm whose weight (and
+  bias, if any) is a parameter, buffer or constant (through views/permutes)
+  runs in a delegate;
+- ``gemm_computed_weight``: the same for a weight or bias computed only from
+  such tensors (weight_norm & co.), and the computation goes with it;
 - ``gemm_in_control_flow``: the claims above also hold inside cond/map/scan
   bodies, where a weight placeholder that always receives a top-level
   parameter, buffer or constant is static (without it, only top-level GEMMs
@@ -31,6 +32,8 @@ NAME = "delegation coverage"
 _IGNORED = {"getitem", "executorch_call_delegate", "alloc", "_assert_tensor_metadata"}
 # GEMM op → index of its weight argument.
 GEMM_WEIGHT_ARG = {"convolution": 1, "linear": 1, "addmm": 2, "mm": 1}
+# GEMM op → index of its bias argument (when it has one).
+GEMM_BIAS_ARG = {"convolution": 2, "linear": 2, "addmm": 0}
 _VIEWS = {"permute_copy", "permute", "t_copy", "t", "view_copy", "view", "reshape", "transpose",
           "expand_copy", "unsqueeze_copy", "squeeze_copy", "_to_copy", "clone"}
 
@@ -182,6 +185,11 @@ def _undelegated_in(method: str, graph, static: set[str], dtypes=None) -> list[t
         if name == "convolution" and len(node.args) > 6 and node.args[6]:
             continue  # transposed convolutions are not claimed
         kind = _source_kind(node.args[index], static)
+        bias = GEMM_BIAS_ARG.get(name)
+        if kind == "static" and bias is not None and len(node.args) > bias and isinstance(node.args[bias], torch.fx.Node):
+            # A GEMM is as static as its least static parameter: stock XNNPACK
+            # packs weight and bias together and declines a computed bias.
+            kind = {"static": "static", "computed": "computed"}.get(_source_kind(node.args[bias], static), "dynamic")
         if kind != "dynamic":
             found.append((method, node.name, name, kind))
     return found

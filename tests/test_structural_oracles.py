@@ -150,3 +150,27 @@ def test_coverage_claims_hold_only_for_the_promised_dtypes(make_linear_relu_spec
         lowering.flow.promises, delegate_dtypes=frozenset({"float32", "bfloat16"})))
     verdict = coverage.check(dataclasses.replace(lowering, flow=claims_bf16))
     assert not verdict.ok and "promises to delegate" in verdict.message
+
+
+def test_coverage_judges_a_gemm_by_its_least_static_parameter():
+    """A conv with a parameter weight and a computed bias is a computed-weight GEMM:
+    stock XNNPACK declines it by design (withdrawn lead XNN-006), so a flow that
+    claims only static GEMMs is not blamed, and one claiming computed ones is."""
+    from etprop import builder, pipeline
+    from etprop.spec import FORMAT
+
+    spec = {"format": FORMAT,
+            "state": {"b": {"kind": "weight", "shape": [7], "seed": 1,
+                            "parametrizations": [{"type": "scale", "factor": 0.5}]},
+                      "w": {"kind": "weight", "shape": [7, 7, 3, 3], "seed": 2, "scale": 0.126}},
+            "methods": {"forward": {"inputs": [{"name": "x", "shape": [3, 7, 4, 9], "dtype": "float32"}],
+                                    "nodes": [{"id": "c", "op": "conv2d", "args": ["x"], "state": "w",
+                                               "attrs": {"bias_state": "b", "padding": "same"}}],
+                                    "outputs": ["c"]}}}
+    built = builder.build(spec)
+    lowering = pipeline.lower(built, flows.get("xnnpack"), pipeline.export_program(built))
+    assert coverage.undelegated_gemms(lowering)[0][2:] == ("convolution", "computed")
+    assert coverage.check(lowering).ok
+    claims_computed = dataclasses.replace(lowering.flow, promises=dataclasses.replace(
+        lowering.flow.promises, delegates=frozenset({"gemm_static_weight", "gemm_computed_weight"})))
+    assert not coverage.check(dataclasses.replace(lowering, flow=claims_computed)).ok
