@@ -192,7 +192,7 @@ def shrink(spec: dict, still_fails: Callable[[dict], bool], log: Callable[[str],
     return best
 
 
-def _failure_of(record: dict, flow: Optional[str], match: Optional[str], first) -> Failure:
+def _failure_of(flow: Optional[str], match: Optional[str], first) -> Failure:
     failing = [r for r in first.results if r.outcome.is_failure]
     chosen = next((r for r in failing if r.flow == flow), None) if flow else (failing[-1] if failing else None)
     if chosen is None:
@@ -226,15 +226,24 @@ def shrink_file(path: Path, output: Optional[Path], match: Optional[str], flow: 
             if first is None:
                 raise UsageError(f"the program in '{path}' does not export with this torch; "
                                  "it cannot be shrunk here (see 'etprop repro' on it)")
-            failure = _failure_of(record, flow, match, first)
+            failure = _failure_of(flow, match, first)
             print(f"shrinking {path} ({specmod.count_ops(record['spec'])} nodes) while it fails as "
                   f"{failure.describe()}")
-            smallest = shrink(record["spec"], lambda spec: reproduces(run(spec), failure),
-                              max_checks=max_checks)
-            final = run(smallest)
+            # shrink() keeps exactly the candidates that reproduce, so the
+            # last reproducing run is the smallest spec's: no final lowering.
+            latest = {"result": first}
+
+            def still_fails(spec):
+                result = run(spec)
+                if reproduces(result, failure):
+                    latest["result"] = result
+                    return True
+                return False
+
+            smallest = shrink(record["spec"], still_fails, max_checks=max_checks)
         finally:
             session.close()
-    message = next((r.message for r in final.results if r.flow == failure.flow), "")
+    message = next((r.message for r in latest["result"].results if r.flow == failure.flow), "")
     output = output or path.with_name(path.stem + ".shrunk.json")
     repro.write(output, smallest, record["flows"], record["property"], failure.outcome, message,
                 script_flow=failure.flow)

@@ -69,6 +69,7 @@ def delegate_calls(lowering) -> int:
 # keeps ``linear`` whole leaves a ``linear`` where another decomposed it into
 # ``addmm`` (plus a transpose), and neither is worse.
 _MATMULS = {"linear", "addmm", "mm", "bmm", "matmul"}
+_MATMUL_KIND = "matrix product (" + "/".join(sorted(_MATMULS)) + ")"
 
 
 def regressions(base, candidate) -> dict:
@@ -76,7 +77,7 @@ def regressions(base, candidate) -> dict:
     def grouped(counts: Counter) -> Counter:
         result: Counter = Counter()
         for op, n in counts.items():
-            result["matrix product (" + "/".join(sorted(_MATMULS)) + ")" if op in _MATMULS else op] += n
+            result[_MATMUL_KIND if op in _MATMULS else op] += n
         return result
 
     before, after = grouped(portable_ops(base)), grouped(portable_ops(candidate))
@@ -189,7 +190,7 @@ def _undelegated_in(method: str, graph, static: set[str], dtypes=None) -> list[t
         if kind == "static" and bias is not None and len(node.args) > bias and isinstance(node.args[bias], torch.fx.Node):
             # A GEMM is as static as its least static parameter: stock XNNPACK
             # packs weight and bias together and declines a computed bias.
-            kind = {"static": "static", "computed": "computed"}.get(_source_kind(node.args[bias], static), "dynamic")
+            kind = _source_kind(node.args[bias], static)
         if kind != "dynamic":
             found.append((method, node.name, name, kind))
     return found

@@ -15,6 +15,8 @@ methods that share all weights that is "within 1% of the single-method size".
 
 from __future__ import annotations
 
+import json
+
 from etprop.oracles import Verdict
 from etprop.outcomes import Outcome
 
@@ -38,8 +40,6 @@ def _binding_bytes(lowering) -> int:
     stock manifest has none). Everything else must not grow."""
     if lowering.flow.runtime != "coreai":
         return 0
-    import json
-
     from etprop.coreai_runtime import coreai_delegates
     from etprop.oracles.shared_cache import BINDING_FIELDS
 

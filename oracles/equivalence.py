@@ -1,8 +1,9 @@
 """Eager equivalence: the real lowered program, run on several inputs, matches eager.
 
 Inputs per method: random normal, negative, zeros, large and small magnitudes
-(builder.INPUT_KINDS), and for dynamic dims normal inputs at both bounds. The .pte is run by the ExecuTorch runtime (Core AI
-programs by etprop's Core AI interpreter); comparison follows oracles/tolerance.
+(builder.INPUT_KINDS), and for dynamic dims normal inputs at both bounds. The
+.pte is run by the ExecuTorch runtime (Core AI programs by etprop's Core AI
+interpreter); comparison follows oracles/tolerance.
 """
 
 from __future__ import annotations
