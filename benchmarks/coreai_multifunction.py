@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from etprop import flows
-from etprop.coreai_runtime import CoreAIProgram, bundle_hashes
+from etprop.lowering.coreai_runtime import CoreAIProgram, bundle_hashes
 
 LAYERS, WIDTH, PREFILL_ROWS = 8, 1024, 16
 

@@ -23,11 +23,11 @@ from pathlib import Path
 from hypothesis import HealthCheck, given, settings
 
 from etprop import flows as flowreg
-from etprop import stages
-from etprop.check import Artifacts, run_example
-from etprop.properties.oracle_sets import SINGLE_FLOW
-from etprop.session import Session
-from etprop.spec import count_ops
+from etprop.lowering import stages
+from etprop.verdicts.check import Artifacts, run_example
+from etprop.oracles.sets import SINGLE_FLOW
+from etprop.verdicts.session import Session
+from etprop.program.spec import count_ops
 from etprop.strategies.programs import programs
 
 

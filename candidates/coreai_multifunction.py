@@ -340,7 +340,7 @@ def compile_config():
 
 
 def make_runner(pte, edge):
-    from etprop.coreai_runtime import CoreAIProgram
+    from etprop.lowering.coreai_runtime import CoreAIProgram
 
     runner = CoreAIProgram(_programs[-1], pte)
     return lambda name, args: runner.run(name, list(args))

@@ -1,9 +1,10 @@
 """The flow registry: every lowering recipe etprop knows, by name.
 
-Built-in flows are registered on import of their modules; a backend engineer
-adds their own with ``etprop --flow-module path/to/my_flow.py`` (a file or a
-module that calls :func:`register`), or a package entry point in the
-``etprop.flows`` group.
+Every flow registers through an ``etprop.flows`` entry point: etprop's own
+(stock flows and candidates, declared in its pyproject.toml) exactly like an
+outside package's. A backend engineer can also pass
+``etprop --flow-module path/to/my_flow.py`` (a file or a module that calls
+:func:`register`).
 """
 
 from __future__ import annotations
@@ -18,13 +19,6 @@ from etprop.errors import UsageError
 from etprop.flows.base import Flow, Promises
 
 _REGISTRY: dict[str, Flow] = {}
-_BUILTIN_MODULES = (
-    "etprop.flows.stock",
-    "etprop.flows.coreai",
-    "etprop.candidates.xnnpack_fold",
-    "etprop.candidates.xnnpack_cf",
-    "etprop.candidates.coreai_multifunction",
-)
 _loaded = False
 
 
@@ -37,14 +31,11 @@ def register(flow: Flow) -> Flow:
     return flow
 
 
-def _load_builtins() -> None:
+def _load_entry_points() -> None:
     global _loaded
     if _loaded:
         return
     _loaded = True
-    for module in _BUILTIN_MODULES:
-        if importlib.util.find_spec(module) is not None:
-            importlib.import_module(module)
     for entry in importlib.metadata.entry_points(group="etprop.flows"):
         entry.load()
 
@@ -72,12 +63,12 @@ def load_flow_module(target: str) -> None:
 
 
 def all_flows() -> list[Flow]:
-    _load_builtins()
+    _load_entry_points()
     return list(_REGISTRY.values())
 
 
 def get(name: str) -> Flow:
-    _load_builtins()
+    _load_entry_points()
     try:
         return _REGISTRY[name]
     except KeyError:

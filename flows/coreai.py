@@ -1,7 +1,7 @@
 """The stock Core AI flow: what executorch 1.5.1's Core AI backend does out of the box.
 
 The ExecuTorch runtime has no Core AI backend, so programs from this flow run
-in etprop's Core AI interpreter (``etprop.coreai_runtime``), which executes the
+in etprop's Core AI interpreter (``etprop.lowering.coreai_runtime``), which executes the
 delegates on Apple's Linux Core AI runtime from coreai-core.
 
 executorch and coreai are imported inside the factories, so the registry loads

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from etprop.outcomes import Outcome
+from etprop.verdicts.outcomes import Outcome
 
 
 @dataclass

@@ -26,7 +26,7 @@ from collections import Counter
 import torch.fx
 
 from etprop.oracles import Verdict
-from etprop.oracles.cycles import graph_modules
+from etprop.lowering.partition_facts import graph_modules
 
 NAME = "delegation coverage"
 _IGNORED = {"getitem", "executorch_call_delegate", "alloc", "_assert_tensor_metadata"}

@@ -1,6 +1,6 @@
 """Differential checks: a candidate flow against its baseline on the same program.
 
-Both lowerings come from one export (etprop.check lowers every flow of an
+Both lowerings come from one export (etprop.verdicts.check lowers every flow of an
 example from the same exported programs). The candidate must lower whenever
 the baseline does, must not be larger (beyond SIZE_SLACK_BYTES, plus
 DELEGATE_OVERHEAD_BYTES for each delegate call it adds, plus the function
@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 
 from etprop.oracles import Verdict
-from etprop.outcomes import Outcome
+from etprop.verdicts.outcomes import Outcome
 
 NAME = "differential"
 # Metadata that legitimately differs between two lowerings of one program
@@ -40,7 +40,7 @@ def _binding_bytes(lowering) -> int:
     stock manifest has none). Everything else must not grow."""
     if lowering.flow.runtime != "coreai":
         return 0
-    from etprop.coreai_runtime import coreai_delegates
+    from etprop.lowering.coreai_runtime import coreai_delegates
     from etprop.oracles.shared_cache import BINDING_FIELDS
 
     total = 0
@@ -56,7 +56,7 @@ def _bundle_bytes(files: dict[str, bytes]) -> int:
 
 def multifunction_excess(base, lowering) -> str | None:
     """Why the candidate's bundles are too large for shared weights, or None."""
-    from etprop.coreai_runtime import bundle_files
+    from etprop.lowering.coreai_runtime import bundle_files
     from etprop.oracles.growth import count_occurrences, program_weights
 
     stock = bundle_files(base.executorch, base.pte)

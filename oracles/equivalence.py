@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import torch
 
-from etprop import stages
-from etprop.builder import INPUT_KINDS_DEFAULT
+from etprop.lowering import stages
+from etprop.program.builder import INPUT_KINDS_DEFAULT
 from etprop.oracles import Verdict
-from etprop.oracles.tolerance import NOISE_FACTOR, tolerance
-from etprop.outcomes import Outcome
+from etprop.oracles.tolerance import BASE, NOISE_FACTOR, coreai_tolerance, tolerance
+from etprop.verdicts.outcomes import Outcome
 
 NAME = "eager equivalence"
 
@@ -64,7 +64,7 @@ def _compare_float(want, got, rtol, atol, noise) -> str | None:
 
 
 def check(lowering, runner=None, kinds=INPUT_KINDS_DEFAULT, base: dict | None = None) -> Verdict:
-    from etprop.runtime import runner_for
+    from etprop.lowering.executorch_runtime import runner_for
 
     built = lowering.built
     try:
@@ -73,9 +73,6 @@ def check(lowering, runner=None, kinds=INPUT_KINDS_DEFAULT, base: dict | None = 
     except Exception as exc:
         return Verdict.failed(NAME, f"program failed to load: {type(exc).__name__}: {exc}", Outcome.LOAD_ERROR)
     if base is None and lowering.flow.runtime == "coreai":
-        from etprop.coreai_runtime import coreai_tolerance
-        from etprop.oracles.tolerance import BASE
-
         base = {dtype: coreai_tolerance(dtype) for dtype in BASE}
     # A stateful program is compared as a sequence of calls: the runtime keeps
     # mutable buffers across executions, and so does eager here, both starting

@@ -39,7 +39,7 @@ def _named_data(lowering) -> dict[str, bytes]:
 def _coreai_manifests(lowering) -> dict[str, dict]:
     if lowering.flow.runtime != "coreai":
         return {}
-    from etprop.coreai_runtime import coreai_delegates
+    from etprop.lowering.coreai_runtime import coreai_delegates
 
     return {key: json.loads(bytes(lm.processed_bytes).decode()) for key, lm in
             coreai_delegates(lowering.executorch).items()}

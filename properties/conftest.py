@@ -1,3 +1,3 @@
 """Properties are ordinary pytest + Hypothesis tests; the etprop plugin
-(etprop.pytest_plugin, loaded through its entry point) supplies ``flow``,
+(etprop.commands.pytest_plugin, loaded through its entry point) supplies ``flow``,
 ``flow_pair`` and the ``etprop`` session."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 from hypothesis import event
 from hypothesis import strategies as st
 
-from etprop.spec import FORMAT
+from etprop.program.spec import FORMAT
 from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
 from etprop.strategies.ops import DRAWERS, _unary, _weight
 from etprop.strategies.programs import draw_body, finish_method, input_values

@@ -19,7 +19,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 from torch import nn
 
-from etprop import ops
+from etprop.program import vocabulary
 
 MAX_NUMEL = 4096
 
@@ -101,7 +101,7 @@ class GraphDraft:
         env = {"torch": torch, "F": F, "self": self.program.meta_self}
         env.update({v.name: torch.empty(v.shape, device="meta") for v in args})
         try:
-            out = eval(ops.render(node, [v.name for v in args]), env)
+            out = eval(vocabulary.render(node, [v.name for v in args]), env)
         except Exception as exc:  # a strategy drew an invalid combination
             event(f"strategy rejected {node['op']}: {type(exc).__name__}")
             return None

@@ -10,7 +10,7 @@ from __future__ import annotations
 from hypothesis import event
 from hypothesis import strategies as st
 
-from etprop.spec import FORMAT
+from etprop.program.spec import FORMAT
 from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
 from etprop.strategies.ops import DRAWERS, GEMM_DRAWERS
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from etprop.spec import FORMAT
+from etprop.program.spec import FORMAT
 
 
 def linear_relu_spec(out_features: int = 4) -> dict:

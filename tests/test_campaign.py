@@ -12,14 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from etprop.report import Summary, write_reports
+from etprop.commands.report import Summary, write_reports
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = str(ROOT / "tests" / "fixtures" / "broken_flows.py")
 
 
 def etprop(*args, timeout=900, **kwargs):
-    return subprocess.run([sys.executable, "-m", "etprop.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "etprop.commands.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT, **kwargs)
 
 
@@ -51,7 +51,7 @@ def test_bad_repro_files_get_one_line_errors(tmp_path, content, message):
 
 
 def test_repro_exits_nonzero_while_the_defect_is_present(tmp_path, make_linear_relu_spec):
-    from etprop import repro
+    from etprop.verdicts import repro
     from etprop import flows
 
     flows.load_flow_module(BROKEN)
@@ -128,7 +128,7 @@ def test_two_fuzz_processes_share_one_redis_database(tmp_path, redis_url):
 
 
 def _digest(spec):
-    from etprop.spec import digest
+    from etprop.program.spec import digest
 
     return digest(spec)
 

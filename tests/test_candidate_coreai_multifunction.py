@@ -28,9 +28,10 @@ from etprop.candidates.coreai_multifunction import (  # noqa: E402
     multifunction_installed,
     upstream_has_multifunction,
 )
-from etprop.coreai_runtime import CoreAIProgram, bundle_files, coreai_delegates, coreai_tolerance  # noqa: E402
+from etprop.lowering.coreai_runtime import CoreAIProgram, bundle_files, coreai_delegates  # noqa: E402
+from etprop.oracles.tolerance import coreai_tolerance  # noqa: E402
 from etprop.oracles import shared_cache  # noqa: E402
-from etprop.pipeline import Lowering  # noqa: E402
+from etprop.lowering.pipeline import Lowering  # noqa: E402
 
 FLOW = flows.get("coreai+multifunction")
 STOCK = flows.get("coreai")
@@ -327,8 +328,9 @@ def two_method_lowerings():
     """A spec whose two methods share a Linear, lowered by stock and multifunction."""
     import copy
 
-    from etprop import builder, pipeline
-    from etprop.spec import FORMAT
+    from etprop.program import builder
+    from etprop.lowering import pipeline
+    from etprop.program.spec import FORMAT
 
     layer = lambda n_in, n_out, seed: {"kind": "layer", "type": "Linear", "seed": seed,  # noqa: E731
                                        "kwargs": {"in_features": n_in, "out_features": n_out}}

@@ -18,12 +18,13 @@ from torch._higher_order_ops.map import map as hop_map
 from torch._higher_order_ops.scan import scan as hop_scan
 
 import etprop.flows as flows
-from etprop import builder, pipeline
+from etprop.program import builder
+from etprop.lowering import pipeline
 from etprop.candidates import xnnpack_cf
 from etprop.oracles import coverage, cycles, growth
 from etprop.oracles.cycles import graph_modules
-from etprop.outcomes import Outcome
-from etprop.spec import FORMAT
+from etprop.verdicts.outcomes import Outcome
+from etprop.program.spec import FORMAT
 
 CF = flows.get("xnnpack+cf")
 STOCK = flows.get("xnnpack")

@@ -23,13 +23,13 @@ pytest.importorskip("coreai_torch", reason="the coreai extra is not installed: p
 pytest.importorskip("coreai.runtime", reason="the coreai extra is not installed: pip install 'etprop[coreai]'")
 
 from etprop import flows  # noqa: E402
-from etprop.coreai_runtime import (  # noqa: E402
+from etprop.lowering.coreai_runtime import (  # noqa: E402
     CoreAIProgram,
     bundle_files,
     bundle_hashes,
     coreai_delegates,
-    coreai_tolerance,
 )
+from etprop.oracles.tolerance import coreai_tolerance  # noqa: E402
 
 FLOW = flows.get("coreai")
 
@@ -481,9 +481,10 @@ def test_method_with_a_buffer_written_back_in_graph_returns_its_user_outputs():
     """to_executorch writes a mutated buffer back with copy_ and returns only the
     user outputs while the signature still lists the mutation: the interpreter
     must not pair them up by position (found by the multi-method property)."""
-    from etprop import builder, pipeline
+    from etprop.program import builder
+    from etprop.lowering import pipeline
     from etprop.oracles import equivalence
-    from etprop.spec import FORMAT
+    from etprop.program.spec import FORMAT
 
     spec = {"format": FORMAT, "dtype": "float16",
             "state": {"m": {"kind": "buffer", "mutable": True, "shape": [1, 3, 1], "seed": 2},

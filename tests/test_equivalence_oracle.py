@@ -4,9 +4,11 @@ perturbs weights, naming the method, input and output."""
 import pytest
 import torch
 
-from etprop import builder, flows, pipeline
+from etprop.program import builder
+from etprop import flows
+from etprop.lowering import pipeline
 from etprop.oracles import equivalence
-from etprop.outcomes import Outcome
+from etprop.verdicts.outcomes import Outcome
 
 
 @pytest.fixture(scope="module")

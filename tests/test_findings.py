@@ -7,9 +7,9 @@ import sys
 
 import pytest
 
-from etprop import findings
+from etprop.verdicts import known_findings
 
-FINDINGS = findings.load()
+FINDINGS = known_findings.load()
 # Repros that other tests already replay as strict xfails (tests/test_coreai_flow.py).
 REPLAYED_ELSEWHERE = {"COREAI-004", "COREAI-004b", "COREAI-005"}
 
@@ -21,7 +21,7 @@ def test_index_is_consistent():
     for finding in FINDINGS:
         assert finding.repro_path.is_file(), finding.repro
         if finding.note:
-            assert (findings.FINDINGS_DIR / finding.note).is_file(), finding.note
+            assert (known_findings.FINDINGS_DIR / finding.note).is_file(), finding.note
 
 
 @pytest.mark.parametrize("finding", [f for f in FINDINGS if f.id not in REPLAYED_ELSEWHERE],
@@ -32,7 +32,7 @@ def test_finding_is_fixed(finding, tmp_path):
     ``etprop repro``, which runs every oracle of its property (a coverage
     finding has no numbers to compare); the others run their script."""
     spec_repro = finding.repro_path.with_suffix(".json")
-    command = ([sys.executable, "-m", "etprop.cli", "repro", str(spec_repro), "--artifacts", str(tmp_path)]
+    command = ([sys.executable, "-m", "etprop.commands.cli", "repro", str(spec_repro), "--artifacts", str(tmp_path)]
                if spec_repro.exists() else [sys.executable, str(finding.repro_path)])
     completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
     assert completed.returncode == 0, f"{finding.id} still reproduces: {completed.stdout[-500:]}"
@@ -41,7 +41,7 @@ def test_finding_is_fixed(finding, tmp_path):
 def test_signature_matches_its_own_kind_of_program():
     spec = {"state": {}, "methods": {"forward": {"nodes": [
         {"id": "v0", "op": "addmm", "args": ["x"], "attrs": {"alpha": 2.0}, "state": "w"}]}}}
-    assert findings.match("xnnpack", "mismatch", "anything", spec).id == "XNN-001"
-    assert findings.match("xnnpack+fold", "mismatch", "anything", spec) is None
+    assert known_findings.match("xnnpack", "mismatch", "anything", spec).id == "XNN-001"
+    assert known_findings.match("xnnpack+fold", "mismatch", "anything", spec) is None
     spec["methods"]["forward"]["nodes"][0]["attrs"] = {}
-    assert findings.match("xnnpack", "mismatch", "anything", spec) is None
+    assert known_findings.match("xnnpack", "mismatch", "anything", spec) is None

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from etprop import flows
-from etprop.outcomes import Outcome
-from etprop.properties.oracle_sets import SINGLE_FLOW
-from etprop.session import Session
+from etprop.verdicts.outcomes import Outcome
+from etprop.oracles.sets import SINGLE_FLOW
+from etprop.verdicts.session import Session
 
 FAULTY = str(Path(__file__).parent / "fixtures" / "faulty_flows.py")
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from etprop import repro
+from etprop.verdicts import repro
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = str(ROOT / "tests" / "fixtures" / "broken_flows.py")
@@ -19,7 +19,7 @@ FAULTY = str(ROOT / "tests" / "fixtures" / "faulty_flows.py")
 
 
 def _etprop(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "etprop.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "etprop.commands.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
 
@@ -46,7 +46,7 @@ def test_repro_from_other_versions_says_so(tmp_path, make_linear_relu_spec):
 def test_campaign_killed_with_sigkill_leaves_every_failure_replayable(tmp_path):
     artifacts = tmp_path / "artifacts"
     campaign = subprocess.Popen(
-        [sys.executable, "-m", "etprop.cli", "fuzz", "--flow-module", BROKEN, "--flows", "test-broken-weights",
+        [sys.executable, "-m", "etprop.commands.cli", "fuzz", "--flow-module", BROKEN, "--flows", "test-broken-weights",
          "--properties", "mixed_programs", "--minutes", "10", "--no-shrink", "--artifacts", str(artifacts)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 600

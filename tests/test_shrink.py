@@ -5,9 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from etprop import repro, shrink
-from etprop import spec as specmod
-from etprop.spec import FORMAT
+from etprop.verdicts import repro
+from etprop.commands import shrink
+from etprop.program import spec as specmod
+from etprop.program.spec import FORMAT
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = str(ROOT / "tests" / "fixtures" / "broken_flows.py")
@@ -70,7 +71,7 @@ def test_shrink_keeps_the_original_when_nothing_smaller_fails():
 
 
 def _etprop(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "etprop.cli", *args], capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "etprop.commands.cli", *args], capture_output=True, text=True,
                           timeout=timeout, cwd=ROOT)
 
 

@@ -7,8 +7,9 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from etprop import builder, pipeline
-from etprop import spec as specmod
+from etprop.program import builder
+from etprop.lowering import pipeline
+from etprop.program import spec as specmod
 from etprop.errors import UsageError
 from etprop.strategies.programs import computed_weight_programs, programs
 

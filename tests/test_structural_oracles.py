@@ -7,9 +7,11 @@ import pytest
 import torch
 import torch.fx
 
-from etprop import builder, flows, pipeline
+from etprop.program import builder
+from etprop import flows
+from etprop.lowering import partition_facts, pipeline
 from etprop.oracles import coverage, cycles, differential, growth
-from etprop.outcomes import Outcome
+from etprop.verdicts.outcomes import Outcome
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,7 @@ def test_cycles_reject_a_hand_made_cyclic_partition(lowerings):
     # the partition gives P -> sigmoid -> P.
     nodes["relu"].meta["delegation_tag"] = "P0"
     nodes["add"].meta["delegation_tag"] = "P0"
-    records = cycles.snapshot(gm, {"P0": None})
+    records = partition_facts.snapshot(gm, {"P0": None})
     assert records[0]["not_convex"] == ["P0"]
     broken = dataclasses.replace(lowerings["xnnpack"], partitions=records)
     verdict = cycles.check(broken)
@@ -86,7 +88,7 @@ def test_cycles_reject_two_partitions_that_depend_on_each_other():
     for node in gm.graph.nodes:
         if node.name in tags:
             node.meta["delegation_tag"] = tags[node.name]
-    record = cycles.snapshot(gm, {"P0": None, "P1": None})[0]
+    record = partition_facts.snapshot(gm, {"P0": None, "P1": None})[0]
     assert record["cycle"] == ["P0", "P1"]
 
 
@@ -138,7 +140,8 @@ def test_growth_reads_bfloat16_weights():
 def test_coverage_claims_hold_only_for_the_promised_dtypes(make_linear_relu_spec):
     """XNNPACK has no bfloat16 GEMM: a bfloat16 linear on portable breaks no promise,
     but a flow that claimed bfloat16 would be caught."""
-    from etprop import builder, pipeline
+    from etprop.program import builder
+    from etprop.lowering import pipeline
 
     spec = make_linear_relu_spec()
     spec["dtype"] = "bfloat16"
@@ -156,8 +159,9 @@ def test_coverage_judges_a_gemm_by_its_least_static_parameter():
     """A conv with a parameter weight and a computed bias is a computed-weight GEMM:
     stock XNNPACK declines it by design (withdrawn lead XNN-006), so a flow that
     claims only static GEMMs is not blamed, and one claiming computed ones is."""
-    from etprop import builder, pipeline
-    from etprop.spec import FORMAT
+    from etprop.program import builder
+    from etprop.lowering import pipeline
+    from etprop.program.spec import FORMAT
 
     spec = {"format": FORMAT,
             "state": {"b": {"kind": "weight", "shape": [7], "seed": 1,

@@ -53,7 +53,7 @@ def lower_stock(clock):
         program = edge.to_executorch()
     finally:
         asset.time = saved
-    from etprop.pipeline import Lowering
+    from etprop.lowering.pipeline import Lowering
 
     return Lowering(flow=flow, built=SimpleNamespace(methods=["forward", "prefill"]), exported={},
                     executorch=program)

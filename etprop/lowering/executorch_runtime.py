@@ -7,7 +7,7 @@ from typing import Protocol
 
 import torch
 
-from etprop import stages
+from etprop.lowering import stages
 
 
 class ProgramRunner(Protocol):
@@ -48,7 +48,7 @@ def runner_for(lowering) -> ProgramRunner:
         return lowering.flow.make_runner(lowering)
     if lowering.flow.runtime == "coreai":
         stages.enter("Core AI execution", lowering.flow.name)
-        from etprop.coreai_runtime import CoreAIProgram
+        from etprop.lowering.coreai_runtime import CoreAIProgram
 
         return CoreAIProgram(lowering.executorch)
     return PteRunner(lowering.pte, lowering.flow.name)

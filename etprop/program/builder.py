@@ -17,7 +17,8 @@ from typing import Optional
 
 import torch
 
-from etprop import ops, spec as specmod
+from etprop.program import vocabulary
+from etprop.program import spec as specmod
 
 # Helpers every generated program may use. They are part of the generated
 # source so that a repro script needs nothing but torch.
@@ -223,10 +224,10 @@ def _state_lines(name: str, entry: dict, program_dtype: str = "float32") -> list
 def _body_lines(nodes: list[dict], indent: str) -> list[str]:
     lines: list[str] = []
     for node in nodes:
-        if node["op"] in ops.CONTROL_FLOW_OPS:
+        if node["op"] in vocabulary.CONTROL_FLOW_OPS:
             lines += _control_flow_lines(node, indent)
         else:
-            lines.append(f"{indent}{node['id']} = {ops.render(node, node.get('args', []))}")
+            lines.append(f"{indent}{node['id']} = {vocabulary.render(node, node.get('args', []))}")
     return lines
 
 

@@ -29,7 +29,7 @@ import json
 from typing import Any, Iterator
 
 from etprop.errors import UsageError
-from etprop.ops import CONTROL_FLOW_OPS, OPS
+from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS
 
 FORMAT = "etprop-spec/1"
 STATE_KINDS = ("layer", "weight", "parameter", "buffer", "constant")

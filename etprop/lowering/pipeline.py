@@ -15,10 +15,10 @@ from typing import Any, Optional
 
 import torch
 
-from etprop import stages
-from etprop.builder import BuiltProgram
+from etprop.lowering import stages
+from etprop.program.builder import BuiltProgram
 from etprop.flows.base import Flow
-from etprop.outcomes import Outcome
+from etprop.verdicts.outcomes import Outcome
 
 
 @dataclass
@@ -86,14 +86,14 @@ def _classify_lowering_error(exc: BaseException, built: BuiltProgram) -> Outcome
 
 
 def _nodes(built: BuiltProgram):
-    from etprop.spec import all_nodes
+    from etprop.program.spec import all_nodes
     return all_nodes(built.spec)
 
 
 def _recording(partitioner, records: list):
     """Make ``partitioner`` record each result's tags before they are fused.
     The instance keeps its class, so nothing downstream sees a wrapper."""
-    from etprop.oracles.cycles import snapshot
+    from etprop.lowering.partition_facts import snapshot
 
     inner = partitioner.partition
 

@@ -20,10 +20,9 @@ import time
 import traceback
 from typing import Any, Optional
 
-from etprop import stages
+from etprop.lowering import stages
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
-_PRELOAD = ["etprop.isolation_preload"]
 
 
 def memory_limit() -> float:
@@ -44,9 +43,9 @@ def example_timeout() -> float:
     return float(os.environ.get("ETPROP_EXAMPLE_TIMEOUT", DEFAULT_TIMEOUT_SECONDS))
 
 
-def _context():
+def _context(preload: list[str]):
     ctx = multiprocessing.get_context("forkserver")
-    ctx.set_forkserver_preload(_PRELOAD)
+    ctx.set_forkserver_preload(preload)
     return ctx
 
 
@@ -84,13 +83,15 @@ class WorkerError(Exception):
 
 
 class Worker:
-    def __init__(self, flow_modules: Optional[list[str]] = None):
+    def __init__(self, flow_modules: Optional[list[str]] = None, preload: Optional[list[str]] = None):
+        """``preload``: modules the forkserver imports once, so workers start warm."""
         self.flow_modules = list(flow_modules or [])
+        self.preload = list(preload or [])
         self._process = None
         self._conn = None
 
     def _start(self) -> None:
-        ctx = _context()
+        ctx = _context(self.preload)
         parent, child = ctx.Pipe()
         self._process = ctx.Process(target=_serve, args=(child, self.flow_modules), daemon=True)
         self._process.start()

@@ -19,11 +19,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from etprop import builder, findings, pipeline, repro, stages
-from etprop import spec as specmod
+from etprop.program import builder
+from etprop.verdicts import known_findings
+from etprop.lowering import pipeline
+from etprop.verdicts import repro
+from etprop.lowering import stages
+from etprop.program import spec as specmod
 from etprop.flows.base import Flow
 from etprop.oracles import Verdict
-from etprop.outcomes import Outcome
+from etprop.verdicts.outcomes import Outcome
 
 # An oracle reads one flow's lowering; ``lowerings`` holds every flow's
 # lowering of the same program (for differential checks).
@@ -174,7 +178,7 @@ def finish(example: ExampleResult, flow_names: list[str], artifacts: Artifacts) 
     """Match failures against known findings, write repros, record the result."""
     for result in example.results:
         if result.outcome.is_failure:
-            finding = findings.match(result.flow, result.outcome.value, result.message, example.spec)
+            finding = known_findings.match(result.flow, result.outcome.value, result.message, example.spec)
             result.known = finding.id if finding else None
     for result in example.new_failures:
         # Flows keep their order (baseline first); the script lowers the failing one.

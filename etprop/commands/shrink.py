@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from etprop import repro
-from etprop import spec as specmod
+from etprop.verdicts import repro
+from etprop.program import spec as specmod
 from etprop.errors import UsageError
 
 
@@ -154,7 +154,7 @@ def reproduces(result, failure: Failure) -> bool:
 
 def _is_valid(spec: dict) -> bool:
     """Cheap pre-check in this process: the spec builds and runs eagerly."""
-    from etprop import builder
+    from etprop.program import builder
 
     try:
         specmod.validate(spec)
@@ -206,9 +206,9 @@ def shrink_file(path: Path, output: Optional[Path], match: Optional[str], flow: 
                 max_checks: int, flow_modules: Optional[list[str]] = None) -> Path:
     """Shrink the repro at ``path``; write the result (JSON + script) and return its path."""
     from etprop import flows as flowreg
-    from etprop.pipeline import ExportFailed
-    from etprop.replay import oracles_for
-    from etprop.session import Session
+    from etprop.lowering.pipeline import ExportFailed
+    from etprop.commands.replay import oracles_for
+    from etprop.verdicts.session import Session
 
     record = repro.read(path)
     chosen = [flowreg.get_available(name) for name in record["flows"]]

@@ -1,6 +1,6 @@
 """What a property talks to: check a spec on flows, fail with a useful message.
 
-Examples run isolated in a warm worker process (etprop/isolation.py) unless
+Examples run isolated in a warm worker process (etprop/lowering/isolation.py) unless
 ETPROP_ISOLATION=0. A failure is confirmed once per failure class: re-run in
 the same worker and in a fresh one; if the reruns disagree (outcome or .pte
 bytes), the example is reported as nondeterministic instead.
@@ -15,13 +15,14 @@ from pathlib import Path
 from hypothesis import event, note
 from hypothesis.control import currently_in_test_context
 
-from etprop import stages
-from etprop.check import Artifacts, ExampleResult, FlowResult, Oracle, finish, run_example, run_example_by_name
-from etprop.isolation import Worker, WorkerDied, WorkerError
+from etprop.lowering import stages
+from etprop.verdicts.check import Artifacts, ExampleResult, FlowResult, Oracle, finish, run_example, run_example_by_name
+from etprop.lowering.isolation import Worker, WorkerDied, WorkerError
 from etprop.oracles import OracleFailure, Verdict
-from etprop.outcomes import Outcome
-from etprop.pipeline import ExportFailed
+from etprop.verdicts.outcomes import Outcome
+from etprop.lowering.pipeline import ExportFailed
 
+WORKER_PRELOAD = ["etprop.verdicts.worker_preload"]
 _FAILURE_TYPES: dict[Outcome, type] = {}
 
 
@@ -58,7 +59,7 @@ class Session:
         self.isolated = isolation_enabled() if isolated is None else isolated
         self.flow_modules = flow_modules if flow_modules is not None else \
             [m for m in os.environ.get("ETPROP_FLOW_MODULE", "").split(",") if m]
-        self._worker = Worker(self.flow_modules) if self.isolated else None
+        self._worker = Worker(self.flow_modules, WORKER_PRELOAD) if self.isolated else None
 
     def close(self) -> None:
         if self._worker is not None:
@@ -101,7 +102,7 @@ class Session:
             return first
         self.confirmed.add(key)
         again = self._run(spec, flows, prop, oracles)
-        fresh_worker = Worker(self.flow_modules)
+        fresh_worker = Worker(self.flow_modules, WORKER_PRELOAD)
         try:
             fresh = self._run(spec, flows, prop, oracles, worker=fresh_worker)
         finally:

@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-from etprop import flows, repro
+from etprop import flows
+from etprop.verdicts import repro
 from etprop.errors import UsageError
-from etprop.findings import FINDINGS_DIR
-from etprop.session import Session
+from etprop.verdicts.known_findings import FINDINGS_DIR
+from etprop.verdicts.session import Session
 
 
 @dataclass
@@ -38,7 +39,7 @@ class Replayed:
 
 
 def oracles_for(prop: str) -> list:
-    from etprop.properties.oracle_sets import ORACLES_BY_PROPERTY
+    from etprop.oracles.sets import ORACLES_BY_PROPERTY
 
     try:
         return ORACLES_BY_PROPERTY[prop]

@@ -14,7 +14,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from etprop.repro import atomic_write
+from etprop.verdicts.repro import atomic_write
 
 
 @dataclass

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from etprop import flows as flowreg
-from etprop.campaign import PROPERTIES_DIR
+from etprop.commands.campaign import properties_command
 from etprop.errors import UsageError
-from etprop.report import Summary, write_reports
+from etprop.commands.report import Summary, write_reports
 
 
 def run_gate(args) -> int:
@@ -32,9 +31,7 @@ def run_gate(args) -> int:
                ETPROP_FLOWS=f"{baseline.name},{candidate.name}", ETPROP_ARTIFACTS=str(artifacts.resolve()),
                ETPROP_PROFILE="ci", ETPROP_EXAMPLES=str(args.examples),
                ETPROP_FLOW_MODULE=",".join(args.flow_module))
-    command = [sys.executable, "-m", "pytest", str(PROPERTIES_DIR), "-q", "--no-header", "-p", "no:randomly",
-               f"--etprop-seed={args.seed}", "--rootdir", str(PROPERTIES_DIR.parent),
-               f"--junitxml={artifacts / 'reports' / 'junit-gate.xml'}", "-k", "gate or differential"]
+    command = properties_command(args.seed, artifacts / "reports" / "junit-gate.xml") + ["-k", "gate or differential"]
     print(f"etprop gate: baseline {baseline.name}, candidate {candidate.name}, "
           f"{args.examples} examples per property, seed {args.seed}")
     completed = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -33,30 +33,6 @@ COREAI_BACKEND_ID = "CoreAIBackend"
 _ENTRYPOINT = "main"
 
 
-def coreai_tolerance(dtype: torch.dtype) -> tuple[float, float]:
-    """Base (rtol, atol) for Core AI delegates run on Linux CPU (coreai-core 1.0.0b2).
-
-    Measured on x86-64 against a float64 reference, error as max|err|/max|ref|:
-
-    - float32 computes in float32: Linear(1024->64) 1.0e-6 (eager 4.3e-7;
-      float16 rounding of the inputs alone gives 2.8e-4); sum over 4096 1.2e-6
-      (eager 1.1e-7, a different summation order); exp/sigmoid/gelu/div
-      within 1-2 ulp of eager. The shared float32 policy holds.
-    - float16 GEMMs accumulate in float16: Linear error grows with the inner
-      dimension K, 9e-4 at K=16 to 1.25e-2 at K=4096 (eager stays at 2.6e-4,
-      one output rounding). Reductions (sum) match eager bit for bit. So
-      atol is 2e-2 of the output scale, not 1e-2: it covers K <= 4096.
-    - bfloat16 GEMMs accumulate wider: 3e-3 to 4.8e-3 over K=16..4096, about
-      twice eager's output rounding; sums match eager bit for bit. The shared
-      bfloat16 policy holds.
-    """
-    from etprop.oracles.tolerance import BASE
-
-    if dtype == torch.float16:
-        return 1e-2, 2e-2
-    return BASE.get(dtype, (0.0, 0.0))
-
-
 def _manifest(lowered) -> dict:
     return json.loads(bytes(lowered.processed_bytes).decode("utf-8"))
 

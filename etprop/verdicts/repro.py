@@ -15,8 +15,8 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from etprop import spec as specmod
-from etprop.builder import render_source
+from etprop.program import spec as specmod
+from etprop.program.builder import render_source
 from etprop.errors import UsageError
 
 FORMAT = "etprop-repro/1"

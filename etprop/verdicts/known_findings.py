@@ -1,6 +1,6 @@
 """Known ExecuTorch / coreai-torch defects that etprop found.
 
-Each finding has a repro (a spec JSON under findings/repros/) and a signature
+Each finding has a repro (a spec JSON under findings/repros/, shipped as package data) and a signature
 (flow, outcome, message pattern). A property that meets a failure matching a
 signature records it as known instead of failing, so the suite stays green;
 tests/test_findings.py replays every repro as a strict expected failure, so
@@ -9,13 +9,15 @@ the day ExecuTorch fixes a defect the suite says so.
 
 from __future__ import annotations
 
+import importlib.resources
 import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
-FINDINGS_DIR = Path(__file__).resolve().parent.parent / "findings"
+# Package data (the ``etprop.findings`` package), so an installed wheel carries it.
+FINDINGS_DIR = Path(str(importlib.resources.files("etprop.findings")))
 INDEX = FINDINGS_DIR / "index.json"
 
 
@@ -46,7 +48,7 @@ class Finding:
                 for entry in spec["state"].values() for p in entry.get("parametrizations", []))
         if not self.ops:
             return True
-        from etprop.spec import all_nodes
+        from etprop.program.spec import all_nodes
 
         return spec is not None and any(
             node["op"] in self.ops and (not self.attrs or any(a in node.get("attrs", {}) for a in self.attrs))

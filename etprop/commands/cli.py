@@ -25,14 +25,14 @@ def cmd_flows(args) -> int:
 
 
 def cmd_repro(args) -> int:
-    from etprop.replay import replay_file
+    from etprop.commands.replay import replay_file
 
     outcome = replay_file(Path(args.file), Path(args.artifacts), verbose=True, flow_modules=args.flow_module)
     return 1 if outcome.still_failing else 0
 
 
 def cmd_shrink(args) -> int:
-    from etprop.shrink import shrink_file
+    from etprop.commands.shrink import shrink_file
 
     shrink_file(Path(args.file), Path(args.output) if args.output else None, args.match, args.flow,
                 args.max_checks, flow_modules=args.flow_module)
@@ -40,20 +40,20 @@ def cmd_shrink(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from etprop.replay import replay_all
+    from etprop.commands.replay import replay_all
 
     summary = replay_all(Path(args.artifacts), [Path(p) for p in args.paths], flow_modules=args.flow_module)
     return 1 if summary.still_failing else 0
 
 
 def cmd_fuzz(args) -> int:
-    from etprop.campaign import Campaign
+    from etprop.commands.campaign import Campaign
 
     return Campaign.from_args(args).run()
 
 
 def cmd_gate(args) -> int:
-    from etprop.gate import run_gate
+    from etprop.commands.gate import run_gate
 
     return run_gate(args)
 

@@ -52,7 +52,7 @@ def option(config, name: str, default=None):
 
 
 def _database(config):
-    from etprop.database import open_database
+    from etprop.commands.database import open_database
 
     return open_database(option(config, "db"), option(config, "db_readonly"),
                          default_dir=Path(option(config, "artifacts", "artifacts")) / "hypothesis-db")
@@ -135,7 +135,7 @@ def pytest_generate_tests(metafunc):
 
 @pytest.fixture(scope="session")
 def etprop(pytestconfig):
-    from etprop.session import Session
+    from etprop.verdicts.session import Session
 
     module = option(pytestconfig, "flow_module")
     session = Session(Path(option(pytestconfig, "artifacts", "artifacts")),

@@ -13,6 +13,7 @@ ARTIFACTS/results/*.jsonl; the summary and reports are built from them.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import subprocess
 import sys
@@ -22,12 +23,28 @@ from pathlib import Path
 
 from etprop import flows as flowreg
 from etprop.errors import UsageError
-from etprop.report import Summary, write_reports
+from etprop.commands.report import Summary, write_reports
 
-PROPERTIES_DIR = Path(__file__).resolve().parent.parent / "properties"
 EXAMPLES_PER_ROUND = 4
 # How long a round may run past the budget to finish shrinking a failure.
 SHRINK_GRACE_SECONDS = 600
+
+
+def properties_dir() -> Path:
+    """Where the installed property modules are: located, not imported (they
+    are pytest's to import, in its own process)."""
+    found = importlib.util.find_spec("etprop.properties")
+    if found is None or not found.submodule_search_locations:
+        raise UsageError("etprop's property modules are not installed; reinstall etprop (pip install etprop)")
+    return Path(found.submodule_search_locations[0])
+
+
+def properties_command(seed: int, junit: Path) -> list[str]:
+    """pytest over the installed property modules with their own configuration."""
+    where = properties_dir()
+    return [sys.executable, "-m", "pytest", str(where), "-c", str(where / "pytest.ini"),
+            "--rootdir", str(where), "-q", "--no-header", "-p", "no:randomly",
+            f"--etprop-seed={seed}", f"--junitxml={junit}", "-o", "junit_family=xunit2"]
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -78,11 +95,9 @@ class Campaign:
         return env
 
     def _pytest_command(self, round_index: int, per_round: int) -> list[str]:
-        command = [sys.executable, "-m", "pytest", str(PROPERTIES_DIR), "-q", "--no-header",
-                   "-p", "no:randomly", f"--etprop-seed={round_seed(self.shard, round_index)}",
-                   f"--etprop-examples={per_round}",
-                   f"--junitxml={self.artifacts / 'reports' / f'junit-round{round_index}.xml'}",
-                   "-o", "junit_family=xunit2", "--rootdir", str(PROPERTIES_DIR.parent)]
+        command = properties_command(round_seed(self.shard, round_index),
+                                     self.artifacts / "reports" / f"junit-round{round_index}.xml")
+        command.append(f"--etprop-examples={per_round}")
         if self.workers > 1:
             command += ["-n", str(self.workers)]
         if self.properties:
