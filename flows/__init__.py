@@ -36,7 +36,8 @@ def _load_entry_points() -> None:
     if _loaded:
         return
     _loaded = True
-    for entry in importlib.metadata.entry_points(group="etprop.flows"):
+    # Name order, whichever order the distributions are found in.
+    for entry in sorted(importlib.metadata.entry_points(group="etprop.flows"), key=lambda e: e.name):
         entry.load()
 
 
