@@ -43,3 +43,11 @@ def test_campaign_survives_and_classifies(session, tiny_spec, monkeypatch, fault
     assert not list((session.artifacts.root / "pending").glob("*.json")) or outcome in (Outcome.CRASH, Outcome.TIMEOUT)
     # the same session goes on working after the fault
     assert session.check(tiny_spec, [flows.get("portable")], "mixed", SINGLE_FLOW).results[0].outcome is Outcome.PASS
+
+
+def test_flows_the_worker_died_before_judging_are_not_run(session, tiny_spec):
+    """portable was lowered and judged in the worker, but its verdict died with it."""
+    result = session.run(tiny_spec, [flows.get("portable"), flows.get("test-fault-runtime-segfault")],
+                         "mixed", SINGLE_FLOW)
+    assert [r.outcome for r in result.results] == [Outcome.NOT_RUN, Outcome.CRASH]
+    assert "not run" in result.results[0].message

@@ -24,6 +24,7 @@ from pathlib import Path
 from etprop import flows as flowreg
 from etprop.errors import UsageError
 from etprop.commands.report import Summary, write_reports
+from etprop.verdicts.outcomes import Outcome
 
 EXAMPLES_PER_ROUND = 4
 # How long a round may run past the budget to finish shrinking a failure.
@@ -45,6 +46,18 @@ def properties_command(seed: int, junit: Path) -> list[str]:
     return [sys.executable, "-m", "pytest", str(where), "-c", str(where / "pytest.ini"),
             "--rootdir", str(where), "-q", "--no-header", "-p", "no:randomly",
             f"--etprop-seed={seed}", f"--junitxml={junit}", "-o", "junit_family=xunit2"]
+
+
+def campaign_exit_code(summary: Summary, internal_rounds: int) -> int:
+    """3: no verdict to trust (nothing ran, a pytest round broke, etprop
+    itself failed); 1: new failures (generator defects included); 0: clean."""
+    internal = summary.count(Outcome.INTERNAL_ERROR)
+    if summary.total_examples() == 0 or internal_rounds or internal:
+        print(f"etprop fuzz: ERROR: {summary.total_examples()} examples ran, {internal_rounds} round(s) of "
+              f"pytest broke, {internal} etprop internal error(s); the campaign's verdict cannot be trusted",
+              file=sys.stderr)
+        return 3
+    return 1 if summary.failures() else 0
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -111,10 +124,10 @@ class Campaign:
         print(f"etprop fuzz: flows {', '.join(self.flows)}; budget {self.minutes:g} min"
               + (f" or {self.examples} examples per property x flow" if self.examples else "")
               + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; artifacts {self.artifacts}")
-        round_index = 0
+        round_index = internal_rounds = 0
         while time.time() < deadline - 10:
             summary = Summary.load(self.artifacts)
-            done = summary.min_examples_per_cell()
+            before, done = summary.total_examples(), summary.min_examples_per_cell()
             if self.examples and done >= self.examples:
                 break
             per_round = min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples else EXAMPLES_PER_ROUND
@@ -126,16 +139,23 @@ class Campaign:
                 status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
                     completed.returncode, f"pytest exit {completed.returncode}")
                 if completed.returncode not in (0, 1, 5):
+                    internal_rounds += 1
                     print(completed.stdout[-3000:])
             except subprocess.TimeoutExpired:
+                internal_rounds += 1
                 status = "round timed out"
             summary = Summary.load(self.artifacts)
             print(f"[{time.time() - started:6.0f}s] round {round_index}: {status}; "
                   f"{summary.total_examples()} examples, {len(summary.failures())} new failures, "
                   f"{summary.known_count()} known-defect hits so far")
             round_index += 1
+            if status == "found failures" and summary.total_examples() == before:
+                # pytest failed without recording one example: the suite is broken, not a lowering.
+                internal_rounds += 1
+                print(completed.stdout[-3000:])
+                break
         summary = Summary.load(self.artifacts)
         print(summary.text())
         paths = write_reports(summary, self.artifacts / "reports")
         print("reports: " + ", ".join(str(p) for p in paths))
-        return 1 if summary.failures() else 0
+        return campaign_exit_code(summary, internal_rounds)

@@ -19,6 +19,7 @@ from etprop import flows as flowreg
 from etprop.commands.campaign import properties_command
 from etprop.errors import UsageError
 from etprop.commands.report import Summary, write_reports
+from etprop.verdicts.outcomes import Outcome
 
 
 def run_gate(args) -> int:
@@ -55,6 +56,10 @@ def run_gate(args) -> int:
             print(f"  {item['property']}: {item['outcome']} (baseline {item['baseline']}): {item['message'][:200]}")
             print(f"    repro: {item['repro']}")
         return 1
+    not_run = summary.count(Outcome.NOT_RUN, candidate.name)
+    if not_run:
+        print(f"note: {not_run} program(s) not run on {candidate.name} (the worker died in another flow's "
+              "stage first); they are not counted below")
     print(f"VERDICT: PASS: {candidate.name} matched eager and did not regress against {baseline.name} "
-          f"on {summary.total_examples()} programs ({summary.known_count()} hits on known findings)")
+          f"on {summary.total_examples() - not_run} programs ({summary.known_count()} hits on known findings)")
     return 0

@@ -17,6 +17,7 @@ from etprop import flows
 from etprop.verdicts import repro
 from etprop.errors import UsageError
 from etprop.verdicts.known_findings import FINDINGS_DIR
+from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.session import Session
 
 
@@ -29,7 +30,7 @@ class Replayed:
 
     @property
     def still_failing(self) -> bool:
-        return self.now not in ("pass", "unsupported by ExecuTorch")
+        return Outcome(self.now).is_failure
 
     @property
     def status(self) -> str:
@@ -58,7 +59,8 @@ def replay_file(path: Path, artifacts: Path, verbose: bool = False, session: Opt
     own = session is None
     session = session or Session(artifacts / "replay", flow_modules=flow_modules)
     try:
-        result = session.run(record["spec"], chosen, record["property"], oracles_for(record["property"]))
+        result = session.run(record["spec"], chosen, record["property"], oracles_for(record["property"]),
+                             attribute=True)
     finally:
         if own:
             session.close()
@@ -70,6 +72,10 @@ def replay_file(path: Path, artifacts: Path, verbose: bool = False, session: Opt
                   + (f" (known finding {flow_result.known})" if flow_result.known else ""))
             for verdict in flow_result.verdicts:
                 print(f"  {verdict}")
+        for followup in result.followups:
+            for flow_result in followup.new_failures:
+                print(f"with the known cause neutralized, {flow_result.flow} fails anew: "
+                      f"{flow_result.outcome.value}: {flow_result.message[:300]} (repro: {followup.repro})")
         print(f"verdict: {replayed.status} (recorded: {replayed.recorded}, now: {replayed.now})")
     return replayed
 

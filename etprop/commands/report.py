@@ -14,6 +14,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.repro import atomic_write
 
 
@@ -52,7 +53,7 @@ class Summary:
         seen = {}
         for record in self.records:
             for flow in record["flows"]:
-                if flow["outcome"] in ("pass", "unsupported by ExecuTorch") or flow.get("known"):
+                if not Outcome(flow["outcome"]).is_failure or flow.get("known"):
                     continue
                 key = (record["property"], flow["flow"], flow["outcome"])
                 seen[key] = {"property": key[0], "flow": key[1], "outcome": key[2],
@@ -65,13 +66,18 @@ class Summary:
         found = []
         for record in self.records:
             base, candidate = record["flows"][0], record["flows"][-1]
-            if len(record["flows"]) < 2 or candidate["outcome"] in ("pass", "unsupported by ExecuTorch") \
+            if len(record["flows"]) < 2 or not Outcome(candidate["outcome"]).is_failure \
                     or candidate.get("known") or candidate["outcome"] == base["outcome"]:
                 continue
             found.append({"property": record["property"], "flow": candidate["flow"], "outcome": candidate["outcome"],
                           "baseline": f"{base['flow']}: {base['outcome']}", "message": candidate["message"],
                           "repro": record.get("repro")})
         return found
+
+    def count(self, outcome: Outcome, flow: str | None = None) -> int:
+        """Flow results with ``outcome`` (on ``flow`` only, when given)."""
+        return sum(1 for r in self.records for f in r["flows"]
+                   if f["outcome"] == outcome.value and flow in (None, f["flow"]))
 
     def known_count(self) -> int:
         return sum(1 for r in self.records for f in r["flows"] if f.get("known"))

@@ -17,6 +17,7 @@ import torch
 
 from etprop.lowering import stages
 from etprop.program.builder import BuiltProgram
+from etprop.program.spec import all_nodes
 from etprop.flows.base import Flow
 from etprop.verdicts.outcomes import Outcome
 
@@ -75,19 +76,34 @@ def backend_config(flow: Flow, built: BuiltProgram):
     return config
 
 
-def _classify_lowering_error(exc: BaseException, built: BuiltProgram) -> Outcome:
-    message = str(exc)
-    if "cycle" in message.lower():
-        return Outcome.VIOLATION  # a partitioner that reports a dependency cycle
-    uses_while = any(node["op"] == "while_loop" for _, node in _nodes(built))
-    if uses_while and "while_loop" in message:
+def _raised_in(exc: BaseException, filename_suffix: str, function: str) -> bool:
+    """Whether ``exc`` was raised by ``function`` of the file ending in ``filename_suffix``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return bool(frames) and frames[-1].filename.endswith(filename_suffix) and frames[-1].name == function
+
+
+def _is_emitter_while_loop_limitation(exc: BaseException, stage: str, built: BuiltProgram) -> bool:
+    """The one known limitation of executorch 1.5.1: its emitter has no
+    while_loop (``_emit_control_flow`` raises InternalError for it). Decided by
+    the stage, the exception type and where it was raised, never by a word."""
+    try:
+        from executorch.exir.error import InternalError
+    except ImportError:
+        return False
+    return (stage == "to_executorch" and isinstance(exc, InternalError)
+            and _raised_in(exc, "exir/emit/_emitter.py", "_emit_control_flow")
+            and any(node["op"] == "while_loop" for _, node in all_nodes(built.spec)))
+
+
+def _classify_lowering_error(exc: BaseException, stage: str, lowering: "Lowering") -> Outcome:
+    if stage == "serialization":
+        return Outcome.SERIALIZATION_ERROR
+    if _is_emitter_while_loop_limitation(exc, stage, lowering.built):
         return Outcome.UNSUPPORTED
+    # A partitioner whose recorded partitions form a cycle: the evidence, not the message.
+    if any(record["cycle"] or record["not_convex"] for record in lowering.partitions):
+        return Outcome.VIOLATION
     return Outcome.LOWERING_ERROR
-
-
-def _nodes(built: BuiltProgram):
-    from etprop.program.spec import all_nodes
-    return all_nodes(built.spec)
 
 
 def _recording(partitioner, records: list):
@@ -128,6 +144,7 @@ def lower(built: BuiltProgram, flow: Flow, exported: Optional[dict] = None) -> L
                 compile_config=flow.compile_config() if flow.compile_config else None,
             )
             t1 = time.perf_counter()
+            stage = "to_executorch"
             stages.enter("to_executorch", flow.name)
             lowering.executorch = lowering.edge.to_executorch(backend_config(flow, built))
             stage = "serialization"
@@ -137,9 +154,8 @@ def lower(built: BuiltProgram, flow: Flow, exported: Optional[dict] = None) -> L
             lowering.seconds.update(lower=t1 - t0, to_executorch=t2 - t1,
                                     serialize=time.perf_counter() - t2)
         except Exception as exc:
-            lowering.outcome = (Outcome.SERIALIZATION_ERROR if stage == "serialization"
-                                else _classify_lowering_error(exc, built))
-            if lowering.outcome is Outcome.LOWERING_ERROR and lowering.edge is not None:
+            lowering.outcome = _classify_lowering_error(exc, stage, lowering)
+            if stage == "to_executorch":
                 lowering.error = "to_executorch: "
             lowering.error += f"{type(exc).__name__}: {exc}\n{_short_traceback(exc)}"
     return lowering

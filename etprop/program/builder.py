@@ -243,23 +243,40 @@ def _function_lines(fn_name: str, params: list[str], body: dict, indent: str,
 def _control_flow_lines(node: dict, indent: str) -> list[str]:
     op, nid, args, attrs = node["op"], node["id"], node["args"], node.get("attrs", {})
     bodies = node["bodies"]
+    # ``inline``: the equivalent straight-line form (a neutralization, see neutralize.py).
+    inline = attrs.get("inline", False)
     lines: list[str] = []
     if op == "cond":
         for index, body in enumerate(bodies):
             lines += _function_lines(f"_{nid}_branch{index}", body["params"], body, indent)
         pred = f"{args[0]}.mean() > {attrs.get('threshold', 0.0)!r}"
         operands = ", ".join(args[1:]) + ","
-        lines.append(f"{indent}{nid} = torch.cond({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
+        if inline:
+            lines.append(f"{indent}{nid} = torch.where({pred}, _{nid}_branch0({operands})[0], "
+                         f"_{nid}_branch1({operands})[0])")
+        else:
+            lines.append(f"{indent}{nid} = torch.cond({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
     elif op == "map":
         lines += _function_lines(f"_{nid}_body", bodies[0]["params"], bodies[0], indent)
-        lines.append(f"{indent}{nid} = hop_map(_{nid}_body, {', '.join(args)})[0]")
+        if inline:
+            rest = "".join(f", {a}" for a in args[1:])
+            lines.append(f"{indent}{nid} = torch.stack([_{nid}_body(_{nid}_x{rest})[0] "
+                         f"for _{nid}_x in {args[0]}.unbind(0)])")
+        else:
+            lines.append(f"{indent}{nid} = hop_map(_{nid}_body, {', '.join(args)})[0]")
     elif op == "scan":
         body = bodies[0]
-        carry, xs = body["params"][:2]
         lines += _function_lines(f"_{nid}_combine", body["params"], body, indent,
                                  returns=f"{body['outputs'][0]}, {body['outputs'][-1]}.clone()")
-        lines.append(f"{indent}{nid} = hop_scan(_{nid}_combine, {args[0]}, "
-                     f"{args[1]})[{attrs.get('select', 1)!r}]")
+        if inline:
+            lines += [f"{indent}_{nid}_carry, _{nid}_ys = {args[0]}, []",
+                      f"{indent}for _{nid}_x in {args[1]}.unbind(0):",
+                      f"{indent}    _{nid}_carry, _{nid}_y = _{nid}_combine(_{nid}_carry, _{nid}_x)",
+                      f"{indent}    _{nid}_ys.append(_{nid}_y)",
+                      f"{indent}{nid} = (_{nid}_carry, torch.stack(_{nid}_ys))[{attrs.get('select', 1)!r}]"]
+        else:
+            lines.append(f"{indent}{nid} = hop_scan(_{nid}_combine, {args[0]}, "
+                         f"{args[1]})[{attrs.get('select', 1)!r}]")
     elif op == "while_loop":
         body = bodies[0]
         (param,) = body["params"]
@@ -268,8 +285,14 @@ def _control_flow_lines(node: dict, indent: str) -> list[str]:
         lines.append(f"{indent}def _{nid}_body(step, {param}):")
         lines += _body_lines(body["nodes"], indent + "    ")
         lines.append(f"{indent}    return (step + 1, {body['outputs'][0]}.clone())")
-        lines.append(f"{indent}{nid} = hop_while_loop(_{nid}_cond, "
-                     f"_{nid}_body, (torch.zeros((), dtype=torch.int64), {args[0]}))[1]")
+        start = f"(torch.zeros((), dtype=torch.int64), {args[0]})"
+        if inline:
+            lines += [f"{indent}_{nid}_state = {start}",
+                      f"{indent}for _ in range({attrs['iterations']!r}):",
+                      f"{indent}    _{nid}_state = _{nid}_body(*_{nid}_state)",
+                      f"{indent}{nid} = _{nid}_state[1]"]
+        else:
+            lines.append(f"{indent}{nid} = hop_while_loop(_{nid}_cond, _{nid}_body, {start})[1]")
     return lines
 
 

@@ -92,9 +92,16 @@ def _slice(args, attrs, state):
     return f"{args[0]}[{', '.join(index)}]"
 
 
+_OUT_OF_PLACE = {"add": "(self.{s} + {x})", "mul": "(self.{s} * {x})",
+                 "copy": "{x}.expand_as(self.{s}).to(self.{s}.dtype)"}
+
+
 def _state_update(args, attrs, state):
-    """In-place update of a buffer; the expression's value is the updated buffer."""
-    return f"self.{state}.{attrs['how']}_({args[0]})"
+    """In-place update of a buffer; the expression's value is the updated buffer.
+    With ``in_place`` false, the same value without the write (a neutralization)."""
+    if attrs.get("in_place", True):
+        return f"self.{state}.{attrs['how']}_({args[0]})"
+    return _OUT_OF_PLACE[attrs["how"]].format(s=state, x=args[0])
 
 
 # Ops rendered from the node. Families group ops for coverage reports and

@@ -5,7 +5,9 @@ Order of events for an example:
 1. the spec is written to ``pending/`` (so a crash in native code later leaves it on disk);
 2. build, export once, lower once per flow (a baseline and a candidate share the export);
 3. every oracle reads the lowering(s);
-4. a failure is written to ``repros/`` (JSON + standalone script); the pending file goes.
+4. the session attributes failures to known findings by intervention (session.py);
+5. ``finish``: a new failure is written to ``repros/`` (JSON + standalone script),
+   the result to ``results/``; the pending file goes.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from etprop.program import builder
-from etprop.verdicts import known_findings
 from etprop.lowering import pipeline
 from etprop.verdicts import repro
 from etprop.lowering import stages
@@ -56,6 +57,9 @@ class ExampleResult:
     repro: Optional[Path] = None
     seconds: float = 0.0
     executorch_seconds: float = 0.0
+    # New failures of this spec with a known finding's cause neutralized:
+    # recorded and reported as examples of their own.
+    followups: list["ExampleResult"] = field(default_factory=list)
 
     @property
     def new_failures(self) -> list[FlowResult]:
@@ -70,9 +74,11 @@ class Artifacts:
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         self.results_file = self.root / "results" / f"{worker}-{os.getpid()}.jsonl"
 
+    def pending_path(self, spec: dict, prop: str) -> Path:
+        return self.root / "pending" / f"{prop}--{specmod.digest(spec)}.json"
+
     def pending(self, spec: dict, flows: list[str], prop: str) -> Path:
-        path = self.root / "pending" / f"{prop}--{specmod.digest(spec)}.json"
-        return repro.write(path, spec, flows, prop, outcome="pending", script=False)
+        return repro.write(self.pending_path(spec, prop), spec, flows, prop, outcome="pending", script=False)
 
     def repro_path(self, prop: str, flow: str, outcome: Outcome) -> Path:
         slug = outcome.value.replace(" ", "-")
@@ -139,10 +145,11 @@ def _flow_result(flow: Flow, lowering: pipeline.Lowering, oracles: list[Oracle],
 
 def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
                 artifacts: Artifacts) -> ExampleResult:
-    """Check one spec on ``flows`` (baseline first, when comparing)."""
+    """Check one spec on ``flows`` (baseline first, when comparing). The
+    result is not recorded yet: the caller attributes it, then ``finish``es it."""
     started = time.perf_counter()
     flow_names = [f.name for f in flows]
-    pending = artifacts.pending(spec, flow_names, prop)
+    artifacts.pending(spec, flow_names, prop)
     built = builder.build(spec, validate=False)
     with stages.timed("torch"):
         exported = pipeline.export_program(built)
@@ -161,8 +168,6 @@ def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
     # Lowering stages plus oracle time (almost all of it running the program).
     example.executorch_seconds = sum(
         seconds for low in lowerings.values() for seconds in low.seconds.values())
-    finish(example, flow_names, artifacts)
-    pending.unlink(missing_ok=True)
     return example
 
 
@@ -175,11 +180,7 @@ def run_example_by_name(spec: dict, flow_names: list[str], prop: str, oracles: l
 
 
 def finish(example: ExampleResult, flow_names: list[str], artifacts: Artifacts) -> None:
-    """Match failures against known findings, write repros, record the result."""
-    for result in example.results:
-        if result.outcome.is_failure:
-            finding = known_findings.match(result.flow, result.outcome.value, result.message, example.spec)
-            result.known = finding.id if finding else None
+    """Write repros of new failures, record the result, drop the pending file."""
     for result in example.new_failures:
         # Flows keep their order (baseline first); the script lowers the failing one.
         artifacts.keep(example.spec, flow_names, example.prop, result)
@@ -188,3 +189,4 @@ def finish(example: ExampleResult, flow_names: list[str], artifacts: Artifacts) 
             repro.write(example.repro, example.spec, flow_names, example.prop,
                         result.outcome.value, result.message, script_flow=result.flow)
     artifacts.record(example)
+    artifacts.pending_path(example.spec, example.prop).unlink(missing_ok=True)

@@ -1,8 +1,12 @@
 """Known ExecuTorch / coreai-torch defects that etprop found.
 
-Each finding has a repro (a spec JSON under findings/repros/, shipped as package data) and a signature
-(flow, outcome, message pattern). A property that meets a failure matching a
-signature records it as known instead of failing, so the suite stays green;
+Each finding has a repro (under findings/, shipped as package data), a
+signature (flows, outcome, a specific message pattern, the ops or
+parametrization involved) and a neutralization: how to remove its cause from a
+spec (etprop/program/neutralize.py). A signature match only nominates a
+finding; the session attributes a failure to it only when the neutralized
+spec no longer fails (intervention, not resemblance). A lead (``"status":
+"lead"``, a symptom not yet understood) never turns a failure into a pass.
 tests/test_findings.py replays every repro as a strict expected failure, so
 the day ExecuTorch fixes a defect the suite says so.
 """
@@ -15,6 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
+
+from etprop.program.neutralize import neutralize, parametrized_rank
 
 # Package data (the ``etprop.findings`` package), so an installed wheel carries it.
 FINDINGS_DIR = Path(str(importlib.resources.files("etprop.findings")))
@@ -38,13 +44,20 @@ class Finding:
     # Or: the program computes a tensor of this rank with this parametrization.
     parametrization: str = ""
     param_rank: int = 0
+    # "confirmed" (a shrunk, understood defect) or "lead" (never matches).
+    status: str = "confirmed"
+    # Rewrites that remove the cause (etprop.program.neutralize).
+    neutralize: tuple = ()
 
     def matches(self, flow: str, outcome: str, message: str, spec: Optional[dict] = None) -> bool:
-        if flow not in self.flows or outcome != self.outcome or not re.search(self.pattern, message, re.S):
+        """Whether the failure looks like this finding: a nomination, to be
+        proven by neutralizing the cause. Leads nominate nothing."""
+        if (self.status != "confirmed" or flow not in self.flows or outcome != self.outcome
+                or not re.search(self.pattern, message, re.S)):
             return False
         if self.parametrization:
             return spec is not None and any(
-                p["type"] == self.parametrization and _rank(entry, p) == self.param_rank
+                p["type"] == self.parametrization and parametrized_rank(entry, p) == self.param_rank
                 for entry in spec["state"].values() for p in entry.get("parametrizations", []))
         if not self.ops:
             return True
@@ -59,22 +72,22 @@ class Finding:
         return FINDINGS_DIR / self.repro
 
 
-def _rank(entry: dict, parametrization: dict) -> int:
-    if entry["kind"] == "layer":
-        return 1 if parametrization.get("on") == "bias" else 2
-    return len(entry.get("shape", []))
-
-
 def load() -> list[Finding]:
     if not INDEX.exists():
         return []
     entries = json.loads(INDEX.read_text())
-    return [Finding(**{**entry, **{k: tuple(entry[k]) for k in ("flows", "ops", "attrs") if k in entry}})
+    return [Finding(**{**entry, **{k: tuple(entry[k]) for k in ("flows", "ops", "attrs", "neutralize")
+                                   if k in entry}})
             for entry in entries]
 
 
-def match(flow: str, outcome: str, message: str, spec: Optional[dict] = None) -> Optional[Finding]:
-    for finding in load():
-        if finding.matches(flow, outcome, message, spec):
-            return finding
-    return None
+def nominate(flow: str, outcome: str, message: str, spec: Optional[dict] = None) -> list[Finding]:
+    """Every confirmed finding whose signature the failure matches."""
+    return [finding for finding in load() if finding.matches(flow, outcome, message, spec)]
+
+
+def neutralized(spec: dict, findings: list[Finding]) -> tuple[dict, int]:
+    """``spec`` with every nominated finding's cause removed, and how many
+    places changed (0: none of their causes is in the program)."""
+    rules = [rule for finding in findings for rule in finding.neutralize]
+    return neutralize(spec, rules)

@@ -7,7 +7,9 @@ from enum import Enum
 
 class Outcome(str, Enum):
     PASS = "pass"
-    EXPORT_ERROR = "export error"              # a strategy bug, not a finding
+    NOT_RUN = "not run"                        # no verdict: another flow's crash ended the example
+    EXPORT_ERROR = "export error"              # a generator defect (torch.export rejected a drawn program)
+    INTERNAL_ERROR = "etprop internal error"   # etprop itself failed: no verdict on the lowering
     LOWERING_ERROR = "lowering error"
     SERIALIZATION_ERROR = "serialization error"
     LOAD_ERROR = "load error"
@@ -21,4 +23,4 @@ class Outcome(str, Enum):
 
     @property
     def is_failure(self) -> bool:
-        return self not in (Outcome.PASS, Outcome.UNSUPPORTED)
+        return self not in (Outcome.PASS, Outcome.UNSUPPORTED, Outcome.NOT_RUN)

@@ -1,14 +1,19 @@
 """What a property talks to: check a spec on flows, fail with a useful message.
 
 Examples run isolated in a warm worker process (etprop/lowering/isolation.py) unless
-ETPROP_ISOLATION=0. A failure is confirmed once per failure class: re-run in
-the same worker and in a fresh one; if the reruns disagree (outcome or .pte
-bytes), the example is reported as nondeterministic instead.
+ETPROP_ISOLATION=0. A failure that looks like a recorded finding is attributed
+to it only by intervention: the spec with every nominated cause neutralized is
+run again, and the failure is known only if it is gone there; otherwise the
+neutralized spec is reported as a new failure (the known cause cannot come
+back while it is shrunk). A new failure is confirmed once per failure class:
+re-run in the same worker and in a fresh one; if the reruns disagree, the
+example is reported as nondeterministic instead.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -16,6 +21,7 @@ from hypothesis import event, note
 from hypothesis.control import currently_in_test_context
 
 from etprop.lowering import stages
+from etprop.verdicts import known_findings
 from etprop.verdicts.check import Artifacts, ExampleResult, FlowResult, Oracle, finish, run_example, run_example_by_name
 from etprop.lowering.isolation import Worker, WorkerDied, WorkerError
 from etprop.oracles import OracleFailure, Verdict
@@ -65,35 +71,99 @@ class Session:
         if self._worker is not None:
             self._worker.close()
 
-    def run(self, spec, flows, prop, oracles) -> ExampleResult:
-        """One run, isolated when the session is; no confirmation, no raising."""
-        return self._run(spec, flows, prop, oracles)
+    def run(self, spec, flows, prop, oracles, attribute: bool = False) -> ExampleResult:
+        """One run, recorded; no confirmation, no raising. ``attribute``:
+        attribute failures to known findings (replays do; shrinking wants the raw symptom)."""
+        result = self._run(spec, flows, prop, oracles)
+        if attribute:
+            result = self._attribute(spec, flows, prop, oracles, result)
+        self._finish(result, flows)
+        return result
+
+    def _finish(self, result: ExampleResult, flows) -> None:
+        for example in [result] + result.followups:
+            finish(example, [f.name for f in flows], self.artifacts)
 
     def _run(self, spec, flows, prop, oracles, worker=None) -> ExampleResult:
-        if not self.isolated:
-            return run_example(spec, flows, prop, oracles, self.artifacts)
-        worker = worker or self._worker
+        """One run, not yet recorded (the pending file stays until ``finish``)."""
         names = [f.name for f in flows]
         try:
-            return worker.call(run_example_by_name, spec=spec, flow_names=names, prop=prop, oracles=oracles,
-                               artifacts_root=str(self.artifacts.root))
-        except WorkerError as exc:
-            if exc.type_name == "ExportFailed":
-                raise ExportFailed(str(exc)) from None
-            raise RuntimeError(f"etprop itself failed in the worker: {exc}\n{exc.formatted}") from None
-        except WorkerDied as died:
-            return self._died(spec, names, prop, died)
+            if not self.isolated:
+                return run_example(spec, flows, prop, oracles, self.artifacts)
+            worker = worker or self._worker
+            try:
+                return worker.call(run_example_by_name, spec=spec, flow_names=names, prop=prop, oracles=oracles,
+                                   artifacts_root=str(self.artifacts.root))
+            except WorkerError as exc:
+                if exc.type_name == "ExportFailed":
+                    raise ExportFailed(str(exc)) from None
+                raise RuntimeError(f"etprop itself failed in the worker: {exc}\n{exc.formatted}") from None
+            except WorkerDied as died:
+                return self._died(spec, names, prop, died)
+        except ExportFailed as exc:
+            self._record_all(spec, names, prop, Outcome.EXPORT_ERROR, "generator", str(exc))
+            raise
+        except RuntimeError as exc:
+            self._record_all(spec, names, prop, Outcome.INTERNAL_ERROR, "etprop", str(exc))
+            raise
+
+    def _record_all(self, spec, names, prop, outcome: Outcome, oracle: str, message: str) -> None:
+        """A verdict for no flow (the program never reached a lowering): recorded, with its repro."""
+        results = [FlowResult(name, outcome, [Verdict.failed(oracle, message, outcome)]) for name in names]
+        finish(ExampleResult(prop, spec, results), names, self.artifacts)
 
     def _died(self, spec, names, prop, died: WorkerDied) -> ExampleResult:
+        """The worker died in one flow's stage: that flow crashed (or timed out);
+        the others have no verdict (their oracles never finished), so they are
+        "not run", never a pass."""
         outcome = Outcome.CRASH if died.kind == "crash" else Outcome.TIMEOUT
         message = f"{died.kind}: {died.detail} in {stages.describe(died.stage)}"
         culprit = died.stage.get("flow") or names[-1]
-        results = [FlowResult(name, outcome if name == culprit else Outcome.PASS,
-                              [Verdict.failed("isolation", message, outcome)] if name == culprit else [])
+        results = [FlowResult(name, outcome, [Verdict.failed("isolation", message, outcome)]) if name == culprit
+                   else FlowResult(name, Outcome.NOT_RUN, [Verdict.failed(
+                       "isolation", f"not run: the worker died ({message})", Outcome.NOT_RUN)])
                    for name in names]
-        example = ExampleResult(prop, spec, results)
-        finish(example, names, self.artifacts)
-        return example
+        return ExampleResult(prop, spec, results)
+
+    def _attribute(self, spec, flows, prop, oracles, result: ExampleResult, depth: int = 0) -> ExampleResult:
+        """Attribute failures to nominated findings by neutralizing their causes.
+
+        A failure that persists the same way (same outcome, a nominated
+        pattern) on the neutralized spec is new, and the neutralized run is the
+        result (its repro cannot bring the known cause back). A failure that is
+        gone, or has turned into another one, is known; another failure of the
+        neutralized spec that no finding explains is kept as a follow-up
+        example, recorded and reported on its own."""
+        nominated = {r.flow: known_findings.nominate(r.flow, r.outcome.value, r.message, spec)
+                     for r in result.results if r.outcome.is_failure}
+        nominated = {flow: found for flow, found in nominated.items() if found}
+        findings = list({f.id: f for found in nominated.values() for f in found}.values())
+        if not findings or depth > 2:
+            return result
+        neutral, changed = known_findings.neutralized(spec, findings)
+        if not changed:
+            return result
+        _label("attribution: neutralized " + ", ".join(f.id for f in findings))
+        try:
+            again = self._attribute(neutral, flows, prop, oracles, self._run(neutral, flows, prop, oracles),
+                                    depth + 1)
+        except ExportFailed:
+            return result
+        for index, flow_result in enumerate(result.results):
+            found = nominated.get(flow_result.flow)
+            if not found:
+                continue
+            other = again.results[index]
+            if other.outcome is flow_result.outcome and not other.known and any(
+                    re.search(f.pattern, other.message, re.S) for f in found):
+                self.artifacts.pending_path(spec, prop).unlink(missing_ok=True)
+                return again
+            flow_result.known = found[0].id
+        if again.new_failures:
+            result.followups.append(again)
+        else:
+            self.artifacts.pending_path(neutral, prop).unlink(missing_ok=True)
+        return result
 
     def _confirm(self, spec, flows, prop, oracles, first: ExampleResult) -> ExampleResult:
         """Re-run a new failure class in the same worker and a fresh one."""
@@ -116,9 +186,7 @@ class Session:
                               [Verdict.failed("determinism", f"identical runs disagree (first / same process / "
                                                              f"fresh process): {outcomes}", Outcome.NONDETERMINISTIC)])
                    for r in first.results]
-        example = ExampleResult(prop, spec, results)
-        finish(example, [f.name for f in flows], self.artifacts)
-        return example
+        return ExampleResult(prop, spec, results)
 
     def check(self, spec: dict, flows: list, prop: str, oracles: list[Oracle]) -> ExampleResult | None:
         deadline = os.environ.get("ETPROP_DEADLINE")
@@ -128,18 +196,19 @@ class Session:
         if deadline and time.time() > float(deadline) and key not in self.failed:
             _label("not run: past the campaign's budget")
             return None
-        result = self._run(spec, flows, prop, oracles)
+        result = self._attribute(spec, flows, prop, oracles, self._run(spec, flows, prop, oracles))
         if result.new_failures:
-            result = self._confirm(spec, flows, prop, oracles, result)
+            result = self._confirm(result.spec, flows, prop, oracles, result)
+        self._finish(result, flows)
         for flow_result in result.results:
             _label(f"{flow_result.flow}: {flow_result.outcome.value}"
                   + (f" (known {flow_result.known})" if flow_result.known else ""))
-        failures = result.new_failures
+        failures = result.new_failures or [r for followup in result.followups for r in followup.new_failures]
         if failures:
             self.failed.add(key)
             first = failures[0]
             if currently_in_test_context():
-                note(f"repro written to {result.repro}")
+                note("repro written to " + str(result.repro or next(f.repro for f in result.followups if f.repro)))
             failed = next(v for v in first.verdicts if not v.ok)
             raise failure_type(first.outcome)(failed) from None
         return result

@@ -1,0 +1,128 @@
+"""Spec rewrites that remove one recorded defect's cause and nothing else.
+
+A failure is attributed to a finding only by intervention: the finding names
+how to neutralize its cause (``"neutralize"`` in findings/index.json, a list of
+the rewrites below), and the failure is known only if the neutralized spec no
+longer fails. Each rewrite touches only what the finding names: an argument of
+its op, its layer's keyword arguments, its parametrization, or its op replaced
+by an equivalent form. It never deletes an unrelated node, state entry or output.
+
+Rewrites (``{"rewrite": NAME, ...}``):
+
+- ``set_attrs``: ``ops``, ``attrs``; nodes of those ops get those attribute values
+  (``where`` optional: only nodes whose attributes have these values).
+- ``drop_attrs``: ``ops``, ``attrs``; those attributes removed (back to the op's default).
+- ``set_layer_kwargs``: ``types``, ``kwargs``; layers of those types get those kwargs.
+- ``drop_parametrization``: ``type``, ``rank`` and ``where`` (optional); that
+  parametrization (with those attribute values) is removed from every state
+  entry that computes a tensor of that rank with it.
+- ``inline_control_flow``: ``ops``; control-flow nodes rendered as their
+  equivalent straight-line form (both branches and ``where``; an unrolled loop).
+- ``buffer_update_out_of_place``: every ``buffer_update`` computes the updated
+  value without writing it back, and its buffer stops being mutable.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Callable
+
+from etprop.errors import UsageError
+from etprop.program.spec import all_nodes
+
+
+def _nodes_of(spec: dict, ops) -> list[dict]:
+    return [node for _, node in all_nodes(spec) if node["op"] in ops]
+
+
+def _has(attrs: dict, wanted: dict) -> bool:
+    return all(attrs.get(name) == value for name, value in wanted.items())
+
+
+def _set_attrs(spec: dict, rule: dict) -> int:
+    changed = 0
+    for node in _nodes_of(spec, rule["ops"]):
+        attrs = node.setdefault("attrs", {})
+        if not _has(attrs, rule.get("where", {})):
+            continue
+        if any(attrs.get(name) != value for name, value in rule["attrs"].items()):
+            attrs.update(rule["attrs"])
+            changed += 1
+    return changed
+
+
+def _drop_attrs(spec: dict, rule: dict) -> int:
+    changed = 0
+    for node in _nodes_of(spec, rule["ops"]):
+        attrs = node.get("attrs", {})
+        present = [name for name in rule["attrs"] if name in attrs]
+        for name in present:
+            del attrs[name]
+        changed += bool(present)
+    return changed
+
+
+def _set_layer_kwargs(spec: dict, rule: dict) -> int:
+    changed = 0
+    for entry in spec["state"].values():
+        if entry["kind"] == "layer" and entry["type"] in rule["types"]:
+            if any(entry["kwargs"].get(k) != v for k, v in rule["kwargs"].items()):
+                entry["kwargs"].update(rule["kwargs"])
+                changed += 1
+    return changed
+
+
+def parametrized_rank(entry: dict, parametrization: dict) -> int:
+    """The rank of the tensor a parametrization computes (a layer's bias is 1-D)."""
+    if entry["kind"] == "layer":
+        return 1 if parametrization.get("on") == "bias" else 2
+    return len(entry.get("shape", []))
+
+
+def _drop_parametrization(spec: dict, rule: dict) -> int:
+    changed = 0
+    for entry in spec["state"].values():
+        kept = [p for p in entry.get("parametrizations", [])
+                if not (p["type"] == rule["type"] and _has(p, rule.get("where", {}))
+                        and ("rank" not in rule or parametrized_rank(entry, p) == rule["rank"]))]
+        if len(kept) != len(entry.get("parametrizations", [])):
+            entry["parametrizations"] = kept
+            changed += 1
+    return changed
+
+
+def _inline_control_flow(spec: dict, rule: dict) -> int:
+    return _set_attrs(spec, {"ops": rule["ops"], "attrs": {"inline": True}})
+
+
+def _buffer_update_out_of_place(spec: dict, rule: dict) -> int:
+    nodes = _nodes_of(spec, ("buffer_update",))
+    for node in nodes:
+        node.setdefault("attrs", {})["in_place"] = False
+        spec["state"][node["state"]]["mutable"] = False
+    return len(nodes)
+
+
+REWRITES: dict[str, Callable[[dict, dict], int]] = {
+    "set_attrs": _set_attrs,
+    "drop_attrs": _drop_attrs,
+    "set_layer_kwargs": _set_layer_kwargs,
+    "drop_parametrization": _drop_parametrization,
+    "inline_control_flow": _inline_control_flow,
+    "buffer_update_out_of_place": _buffer_update_out_of_place,
+}
+
+
+def neutralize(spec: dict, rules: list[dict]) -> tuple[dict, int]:
+    """(a rewritten copy of ``spec``, how many places changed); 0 means the
+    cause the rules name is absent from this program."""
+    rewritten = copy.deepcopy(spec)
+    changed = 0
+    for rule in rules:
+        try:
+            rewrite = REWRITES[rule["rewrite"]]
+        except KeyError:
+            raise UsageError(f"unknown neutralization {rule.get('rewrite')!r}; known: "
+                             f"{', '.join(sorted(REWRITES))}") from None
+        changed += rewrite(rewritten, rule)
+    return rewritten, changed

@@ -1,0 +1,191 @@
+"""Known failures are proven by intervention, never guessed by resemblance.
+
+For each broad findings entry (one whose signature alone would match many
+programs), a program containing that finding's cause is lowered by a flow that
+also plants a second, different fault (every output negated): the verdict must
+be a new failure. Without the planted fault, a confirmed finding is attributed
+(its neutralized spec passes). Every neutralization changes only what its
+finding names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from etprop import flows
+from etprop.oracles.sets import SINGLE_FLOW
+from etprop.program.neutralize import neutralize
+from etprop.program.spec import FORMAT, all_nodes
+from etprop.verdicts import known_findings
+from etprop.verdicts.session import Session
+
+
+def _negate_outputs(graph_module):
+    """Edge transform pass: every user output negated (the planted second fault)."""
+    from executorch.exir.dialects._ops import ops as exir_ops
+    from executorch.exir.pass_base import PassResult
+
+    graph = graph_module.graph
+    output = next(node for node in graph.nodes if node.op == "output")
+    negated = []
+    for value in output.args[0]:
+        with graph.inserting_before(output):
+            node = graph.call_function(exir_ops.edge.aten.mul.Scalar, (value, -1.0))
+        node.meta = dict(value.meta)
+        negated.append(node)
+    output.args = (tuple(negated),)
+    graph_module.recompile()
+    return PassResult(graph_module, True)
+
+
+def planted(name: str):
+    """The registered flow, same name (so findings' signatures apply), plus the planted fault."""
+    base = flows.get(name)
+    return dataclasses.replace(base, transform_passes=lambda: list(base.transform_passes()) + [_negate_outputs])
+
+
+def _program(nodes, state=None, shape=(3, 8), outputs=None):
+    return {"format": FORMAT, "state": state or {}, "methods": {"forward": {
+        "inputs": [{"name": "x", "shape": list(shape), "dtype": "float32"}],
+        "nodes": nodes, "outputs": outputs or [nodes[-1]["id"]]}}}
+
+
+def _weight(shape, seed, parametrizations=()):
+    entry = {"kind": "weight", "shape": list(shape), "seed": seed, "scale": 0.3}
+    if parametrizations:
+        entry["parametrizations"] = list(parametrizations)
+    return entry
+
+
+def _repro_spec(name: str) -> dict:
+    return json.loads((known_findings.FINDINGS_DIR / "repros" / name).read_text())["spec"]
+
+
+_BRANCH = [{"params": ["a0"], "nodes": [{"id": "a1", "op": "tanh", "args": ["a0"]}], "outputs": ["a1"]},
+           {"params": ["a2"], "nodes": [{"id": "a3", "op": "sigmoid", "args": ["a2"]}], "outputs": ["a3"]}]
+
+# (finding, flow, a program containing its cause)
+BROAD = {
+    "XNN-001": ("xnnpack", _program(
+        [{"id": "v0", "op": "addmm", "args": ["x"], "state": "w",
+          "attrs": {"bias_state": "b", "alpha": 2.0, "beta": 0.5}}],
+        {"w": _weight((8, 4), 1), "b": _weight((4,), 2)})),
+    "TORCH-001": ("portable", _program(
+        [{"id": "v0", "op": "linear", "args": ["x"], "state": "w", "attrs": {"bias_state": "b"}}],
+        {"w": _weight((4, 8), 1), "b": _weight((4,), 2, [{"type": "weight_norm", "dim": 0}])})),
+    "COREAI-001": ("coreai", _program(
+        [{"id": "v0", "op": "add", "args": ["x"], "state": "p", "attrs": {"alpha": 2.0}}],
+        {"p": {"kind": "parameter", "shape": [3, 8], "seed": 3}})),
+    "COREAI-007": ("coreai", _repro_spec("coreai_output_halved.json")),
+    "COREAI-006": ("coreai", _repro_spec("coreai_control_flow_keyerror.json")),
+    "EXIR-001": ("portable", _program(
+        [{"id": "v0", "op": "cond", "args": ["x", "x"], "attrs": {"threshold": 0.0}, "bodies": _BRANCH}])),
+    "XNN-008": ("xnnpack", _program(
+        [{"id": "v0", "op": "buffer_update", "args": ["x"], "state": "s", "attrs": {"how": "add"}},
+         {"id": "v1", "op": "tanh", "args": ["v0"]}],
+        {"s": {"kind": "buffer", "shape": [3, 8], "seed": 4, "mutable": True}})),
+}
+LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
+
+
+@pytest.fixture
+def session(tmp_path):
+    session = Session(tmp_path / "artifacts", isolated=False)
+    yield session
+    session.close()
+
+
+@pytest.mark.parametrize("finding_id", sorted(BROAD))
+def test_a_second_fault_beside_a_known_cause_is_a_new_failure(finding_id, session):
+    flow_name, spec = BROAD[finding_id]
+    result = session.run(spec, [planted(flow_name)], "mixed", SINGLE_FLOW, attribute=True)
+    (flow_result,) = result.results
+    assert flow_result.outcome.is_failure, "the planted fault went unnoticed"
+    assert flow_result.known is None, f"a planted fault was filed under {flow_result.known}"
+    assert result.new_failures
+
+
+@pytest.mark.parametrize("finding_id", sorted(set(BROAD) - LEADS))
+def test_a_confirmed_finding_is_attributed_when_its_neutralization_passes(finding_id, session):
+    flow_name, spec = BROAD[finding_id]
+    result = session.run(spec, [flows.get(flow_name)], "mixed", SINGLE_FLOW, attribute=True)
+    (flow_result,) = result.results
+    assert flow_result.outcome.is_failure, f"{finding_id} no longer reproduces on this program"
+    assert flow_result.known == finding_id, flow_result.message
+
+
+def test_no_entry_matches_on_any_message():
+    for finding in known_findings.load():
+        assert finding.pattern not in (".", ".*", ""), finding.id
+        assert finding.status in ("confirmed", "lead"), finding.id
+
+
+def test_a_lead_nominates_nothing():
+    for finding in known_findings.load():
+        if finding.status == "lead":
+            spec = BROAD.get(finding.id, (None, _program([{"id": "v0", "op": "relu", "args": ["x"]}])))[1]
+            assert not finding.matches(finding.flows[0], finding.outcome, "5 / 6 elements differ", spec)
+
+
+def _state_changes(before: dict, after: dict) -> set[str]:
+    assert before.keys() == after.keys(), "a neutralization added or removed state"
+    return {name for name in before if before[name] != after[name]}
+
+
+def _node_changes(before: dict, after: dict) -> dict[str, str]:
+    """node id -> op, for every node whose attributes changed; ids, ops, args
+    and outputs must be the same in both."""
+    old = {node["id"]: node for _, node in all_nodes(before)}
+    new = {node["id"]: node for _, node in all_nodes(after)}
+    assert old.keys() == new.keys(), "a neutralization added or removed a node"
+    for node_id, node in old.items():
+        assert (node["op"], node.get("args"), node.get("state")) == \
+               (new[node_id]["op"], new[node_id].get("args"), new[node_id].get("state")), node_id
+    for method in before["methods"]:
+        assert before["methods"][method]["outputs"] == after["methods"][method]["outputs"]
+    return {node_id: node["op"] for node_id, node in old.items()
+            if node.get("attrs") != new[node_id].get("attrs")}
+
+
+def _specs_to_neutralize():
+    specs = [spec for _, spec in BROAD.values()]
+    specs += [json.loads(path.read_text())["spec"]
+              for path in sorted((known_findings.FINDINGS_DIR / "repros").glob("*.json"))]
+    return specs
+
+
+@pytest.mark.parametrize("finding", [f for f in known_findings.load() if f.neutralize], ids=lambda f: f.id)
+def test_a_neutralization_changes_only_what_its_finding_names(finding):
+    named_ops = {op for rule in finding.neutralize for op in rule.get("ops", ())}
+    named_ops |= {"buffer_update" for rule in finding.neutralize if rule["rewrite"] == "buffer_update_out_of_place"}
+    for spec in _specs_to_neutralize():
+        after, changed = neutralize(spec, list(finding.neutralize))
+        ops = _node_changes(spec, after)
+        assert set(ops.values()) <= named_ops, (finding.id, ops)
+        for name in _state_changes(spec["state"], after["state"]):
+            before_entry, after_entry = spec["state"][name], after["state"][name]
+            differing = {k for k in before_entry.keys() | after_entry.keys()
+                         if before_entry.get(k) != after_entry.get(k)}
+            assert differing <= {"parametrizations", "kwargs", "mutable"}, (finding.id, name, differing)
+        if not changed:
+            assert after == spec
+
+
+def test_inlined_control_flow_computes_the_same_values():
+    """The equivalent form a control-flow neutralization renders matches the original in eager."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _repro_spec("coreai_control_flow_keyerror.json")
+    inlined, changed = neutralize(spec, [{"rewrite": "inline_control_flow", "ops": ["cond", "map", "scan",
+                                                                                    "while_loop"]}])
+    assert changed
+    original, rewritten = builder.build(spec), builder.build(inlined)
+    for method in original.methods:
+        inputs = original.inputs(method)
+        for want, got in zip(original.eager(method, inputs), rewritten.eager(method, inputs)):
+            torch.testing.assert_close(got, want)
