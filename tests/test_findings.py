@@ -62,3 +62,18 @@ def test_signature_nominates_only_its_own_kind_of_program():
     assert known_findings.nominate("xnnpack+fold", "mismatch", message, spec) == []
     spec["methods"]["forward"]["nodes"][0]["attrs"] = {}
     assert known_findings.nominate("xnnpack", "mismatch", message, spec) == []
+
+
+def test_a_standalone_script_is_generated_on_demand_and_reproduces(tmp_path):
+    """``etprop repro --standalone`` writes a script that needs only torch and
+    executorch and reaches the same verdict as the suite on a finding's spec."""
+    finding = next(f for f in FINDINGS if f.id == "EXIR-001")
+    script = tmp_path / "exir_001.py"
+    written = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "repro", str(finding.repro_path),
+                              "--standalone", str(script), "--flow", "portable"],
+                             capture_output=True, text=True, timeout=120)
+    assert written.returncode == 0, written.stderr[-1500:]
+    ran = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=600,
+                         cwd=tmp_path)
+    assert ran.returncode == 1, ran.stderr[-1500:]
+    assert "VERDICT: mismatch" in ran.stdout

@@ -27,6 +27,20 @@ def cmd_flows(args) -> int:
 def cmd_repro(args) -> int:
     from etprop.commands.replay import replay_file
 
+    if args.standalone:
+        from etprop import flows
+        from etprop.verdicts import repro
+
+        for target in args.flow_module:
+            flows.load_flow_module(target)
+        record = repro.read(args.file)
+        flow = args.flow or record["flows"][-1]
+        if flow not in record["flows"]:
+            raise UsageError(f"--flow {flow}: the repro lowers {', '.join(record['flows'])}")
+        repro.atomic_write(Path(args.standalone), repro.standalone_script(record["spec"], flow))
+        print(f"wrote {args.standalone}: flow {flow!r}, needs torch and executorch only "
+              "(plus the flow's add-on for candidate flows)")
+        return 0
     outcome = replay_file(Path(args.file), Path(args.artifacts), verbose=True, flow_modules=args.flow_module)
     return 1 if outcome.still_failing else 0
 
@@ -91,6 +105,10 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("repro", help="replay one repro file; exit 1 while the defect is present")
     _add_common(p)
     p.add_argument("file")
+    p.add_argument("--standalone", metavar="OUT.py",
+                   help="instead of replaying, write a script that lowers and judges the program with "
+                        "torch and executorch alone (for an upstream issue)")
+    p.add_argument("--flow", help="with --standalone: the flow the script lowers (default: the repro's last)")
     p.set_defaults(func=cmd_repro)
 
     p = sub.add_parser("shrink", help="shrink a repro file to the smallest spec that fails the same way")
