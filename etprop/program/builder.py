@@ -179,6 +179,55 @@ def make_input(shape, dtype, kind, seed):
 '''
 
 
+# Appended to the prelude of the jittered variant only (see ``render_source``):
+# eager stand-ins for the control-flow operators, which in eager compile their
+# bodies with dynamo (and could not run ``_jitter``'s random draws), and the
+# jitter every node's value goes through.
+JITTER_PRELUDE = '''
+
+_JITTER = {"mode": None, "generator": None}
+
+
+def _jitter(value):
+    """``value`` times (1 + u*eps) in its own dtype: u is +1 ("up"), -1
+    ("down") or drawn from {-1, 0, 1} per element ("random")."""
+    mode = _JITTER["mode"]
+    if mode is None or not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return value
+    if mode == "random":
+        u = torch.randint(-1, 2, value.shape, generator=_JITTER["generator"]).double()
+    else:
+        u = 1.0 if mode == "up" else -1.0
+    return (value.double() * (1 + u * torch.finfo(value.dtype).eps)).to(value.dtype)
+
+
+def _eager_cond(pred, true_fn, false_fn, operands):
+    return (true_fn if bool(pred) else false_fn)(*operands)
+
+
+def hop_map(body, xs, *args):
+    results = [body(x, *args) for x in xs.unbind(0)]
+    return tuple(torch.stack(parts) for parts in zip(*results))
+
+
+def hop_scan(combine, init, xs):
+    carry, ys = init, []
+    for x in xs.unbind(0):
+        carry, y = combine(carry, x)
+        ys.append(y)
+    return carry, torch.stack(ys)
+
+
+def hop_while_loop(cond, body, carried):
+    while cond(*carried):
+        carried = body(*carried)
+    return carried
+'''
+
+# Jittered runs a reference makes: both directions for every value, then random signs.
+JITTER_RUNS = (("up", 0), ("down", 0), ("random", 1), ("random", 2))
+
+
 # Input kinds make_input understands; the equivalence oracle runs each of these.
 INPUT_KINDS_DEFAULT = ("normal", "negative", "zeros", "large", "small")
 
@@ -221,43 +270,47 @@ def _state_lines(name: str, entry: dict, program_dtype: str = "float32") -> list
     return lines
 
 
-def _body_lines(nodes: list[dict], indent: str) -> list[str]:
+def _body_lines(nodes: list[dict], indent: str, jitter: bool = False) -> list[str]:
     lines: list[str] = []
     for node in nodes:
         if node["op"] in vocabulary.CONTROL_FLOW_OPS:
-            lines += _control_flow_lines(node, indent)
+            lines += _control_flow_lines(node, indent, jitter)
         else:
-            lines.append(f"{indent}{node['id']} = {vocabulary.render(node, node.get('args', []))}")
+            expression = vocabulary.render(node, node.get("args", []))
+            if jitter:
+                expression = f"_jitter({expression})"
+            lines.append(f"{indent}{node['id']} = {expression}")
     return lines
 
 
 def _function_lines(fn_name: str, params: list[str], body: dict, indent: str,
-                    returns: Optional[str] = None) -> list[str]:
+                    returns: Optional[str] = None, jitter: bool = False) -> list[str]:
     lines = [f"{indent}def {fn_name}({', '.join(params)}):"]
-    lines += _body_lines(body["nodes"], indent + "    ")
+    lines += _body_lines(body["nodes"], indent + "    ", jitter)
     result = returns or ", ".join(body["outputs"]) + ","
     lines.append(f"{indent}    return ({result})")
     return lines
 
 
-def _control_flow_lines(node: dict, indent: str) -> list[str]:
+def _control_flow_lines(node: dict, indent: str, jitter: bool = False) -> list[str]:
     op, nid, args, attrs = node["op"], node["id"], node["args"], node.get("attrs", {})
     bodies = node["bodies"]
     lines: list[str] = []
     if op == "cond":
         for index, body in enumerate(bodies):
-            lines += _function_lines(f"_{nid}_branch{index}", body["params"], body, indent)
+            lines += _function_lines(f"_{nid}_branch{index}", body["params"], body, indent, jitter=jitter)
         pred = f"{args[0]}.mean() > {attrs.get('threshold', 0.0)!r}"
         operands = ", ".join(args[1:]) + ","
-        lines.append(f"{indent}{nid} = torch.cond({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
+        cond = "_eager_cond" if jitter else "torch.cond"
+        lines.append(f"{indent}{nid} = {cond}({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
     elif op == "map":
-        lines += _function_lines(f"_{nid}_body", bodies[0]["params"], bodies[0], indent)
+        lines += _function_lines(f"_{nid}_body", bodies[0]["params"], bodies[0], indent, jitter=jitter)
         lines.append(f"{indent}{nid} = hop_map(_{nid}_body, {', '.join(args)})[0]")
     elif op == "scan":
         body = bodies[0]
         carry, xs = body["params"][:2]
         lines += _function_lines(f"_{nid}_combine", body["params"], body, indent,
-                                 returns=f"{body['outputs'][0]}, {body['outputs'][-1]}.clone()")
+                                 returns=f"{body['outputs'][0]}, {body['outputs'][-1]}.clone()", jitter=jitter)
         lines.append(f"{indent}{nid} = hop_scan(_{nid}_combine, {args[0]}, "
                      f"{args[1]})[{attrs.get('select', 1)!r}]")
     elif op == "while_loop":
@@ -266,17 +319,22 @@ def _control_flow_lines(node: dict, indent: str) -> list[str]:
         lines.append(f"{indent}def _{nid}_cond(step, {param}):")
         lines.append(f"{indent}    return step < {attrs['iterations']!r}")
         lines.append(f"{indent}def _{nid}_body(step, {param}):")
-        lines += _body_lines(body["nodes"], indent + "    ")
+        lines += _body_lines(body["nodes"], indent + "    ", jitter)
         lines.append(f"{indent}    return (step + 1, {body['outputs'][0]}.clone())")
         lines.append(f"{indent}{nid} = hop_while_loop(_{nid}_cond, "
                      f"_{nid}_body, (torch.zeros((), dtype=torch.int64), {args[0]}))[1]")
     return lines
 
 
-def render_source(spec: dict) -> str:
-    """The program's Python source: prelude, one Program class, its inputs."""
-    lines = [PRELUDE, "", "class Program(nn.Module):", "    def __init__(self):",
-             "        super().__init__()"]
+def render_source(spec: dict, jitter: bool = False) -> str:
+    """The program's Python source: prelude, one Program class, its inputs.
+
+    ``jitter`` renders the variant the equivalence oracle measures sensitivity
+    with: the same program and weights, every node's value passed through
+    ``_jitter`` and control flow run as plain Python. What is exported and
+    what a repro shows is always the plain rendering."""
+    lines = [PRELUDE + (JITTER_PRELUDE if jitter else ""), "", "class Program(nn.Module):",
+             "    def __init__(self):", "        super().__init__()"]
     program_dtype = spec.get("dtype", "float32")
     for name, entry in spec["state"].items():
         lines += ["        " + line for line in _state_lines(name, entry, program_dtype)]
@@ -286,9 +344,21 @@ def render_source(spec: dict) -> str:
     for method, body in spec["methods"].items():
         params = ["self"] + [inp["name"] for inp in body["inputs"]]
         lines.append("")
-        lines += _function_lines(method, params, body, "    ")
+        lines += _function_lines(method, params, body, "    ", jitter=jitter)
     lines += ["", "", "INPUTS = " + repr({m: body["inputs"] for m, body in spec["methods"].items()}), ""]
     return "\n".join(lines)
+
+
+@dataclass
+class Reference:
+    """What one call of a method gives eagerly: the outputs to compare with
+    (``expected``), a float64 run (``wide``) and the outputs of each jittered
+    run (``jittered``), in which every input, parameter, buffer and node value
+    was moved by about one unit in the last place."""
+
+    expected: list
+    wide: list
+    jittered: list = field(default_factory=list)
 
 
 @dataclass
@@ -300,6 +370,7 @@ class BuiltProgram:
     _double: Optional[torch.nn.Module] = field(default=None, repr=False)
     _initial: Optional[dict] = field(default=None, repr=False)
     _initial_double: Optional[dict] = field(default=None, repr=False)
+    _jittered: Optional[tuple] = field(default=None, repr=False)
 
     def __post_init__(self):
         self._initial = {k: v.clone() for k, v in self.module.state_dict().items()}
@@ -360,23 +431,45 @@ class BuiltProgram:
             if module is not None and saved is not None:
                 module.load_state_dict(saved)
 
-    def noise(self, method: str, inputs: tuple, expected: list[torch.Tensor],
-              restore: bool = True) -> list[torch.Tensor]:
-        """Per-element distance between the float32 eager result and a float64
-        run of the same program: how much rounding alone moves each output.
-        Ill-conditioned programs (normalizing a nearly constant tensor,
-        rounding near .5) have large noise; the equivalence oracle allows it."""
+    def reference(self, method: str, inputs: tuple, restore: bool = True) -> Reference:
+        """Eager outputs with what the equivalence oracle bounds them by: a
+        float64 run (rounding error) and jittered runs (how far one ulp of
+        rounding anywhere moves each output: conditioning, and jumps of
+        rounding ops and branches). ``restore`` as for ``eager``; the float64
+        copy keeps its own sequence, the jittered runs start each call from
+        the state eager started from."""
+        state = self.module.state_dict()
+        state = {k: v.clone() for k, v in state.items()}
+        expected = self.eager(method, inputs, restore)
+        return Reference(expected, self._wide(method, inputs, restore),
+                         [self._jitter_run(method, inputs, state, mode, seed) for mode, seed in JITTER_RUNS])
+
+    def _wide(self, method: str, inputs: tuple, restore: bool) -> list:
         if self._double is None:
             self._double = copy.deepcopy(self.module).double()
             self._initial_double = {k: v.clone() for k, v in self._double.state_dict().items()}
         wide = tuple(x.double() if x.is_floating_point() else x for x in inputs)
-        with torch.no_grad():
-            reference = list(getattr(self._double, method)(*wide))
-        if restore:
-            self._double.load_state_dict(self._initial_double)
-        return [(want.double() - ref).abs().nan_to_num(0.0, 0.0, 0.0) if want.is_floating_point()
-                else torch.zeros(want.shape, dtype=torch.float64)
-                for want, ref in zip(expected, reference)]
+        try:
+            with torch.no_grad():
+                return [t.clone() for t in getattr(self._double, method)(*wide)]
+        finally:
+            if restore:
+                self._double.load_state_dict(self._initial_double)
+
+    def _jitter_run(self, method: str, inputs: tuple, state: dict, mode: str, seed: int) -> list:
+        if self._jittered is None:
+            namespace: dict = {}
+            exec(compile(render_source(self.spec, jitter=True), "<etprop jittered program>", "exec"), namespace)
+            self._jittered = (namespace["Program"]().eval(), namespace)
+        module, namespace = self._jittered
+        control, jitter = namespace["_JITTER"], namespace["_jitter"]
+        control.update(mode=mode, generator=torch.Generator().manual_seed(seed))
+        try:
+            with torch.no_grad():
+                module.load_state_dict({k: jitter(v) for k, v in state.items()})
+                return [t.clone() for t in getattr(module, method)(*(jitter(x) for x in inputs))]
+        finally:
+            control.update(mode=None, generator=None)
 
     def eager(self, method: str, inputs: tuple, restore: bool = True) -> list[torch.Tensor]:
         """Eager reference outputs. Mutated buffers go back to their initial
