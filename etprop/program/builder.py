@@ -222,10 +222,26 @@ def hop_while_loop(cond, body, carried):
     while cond(*carried):
         carried = body(*carried)
     return carried
-'''
 
-# Jittered runs a reference makes: both directions for every value, then random signs.
+
+# Both directions for every value, then two patterns of random signs.
 JITTER_RUNS = (("up", 0), ("down", 0), ("random", 1), ("random", 2))
+
+
+def _jittered_runs(module, state, method, inputs):
+    """The outputs of ``method`` once per jitter run, each starting from
+    ``state`` (a state dict) and ``inputs`` jittered too."""
+    runs = []
+    for mode, seed in JITTER_RUNS:
+        _JITTER.update(mode=mode, generator=torch.Generator().manual_seed(seed))
+        try:
+            with torch.no_grad():
+                module.load_state_dict({key: _jitter(value) for key, value in state.items()})
+                runs.append([t.clone() for t in getattr(module, method)(*(_jitter(x) for x in inputs))])
+        finally:
+            _JITTER.update(mode=None, generator=None)
+    return runs
+'''
 
 
 # Input kinds make_input understands; the equivalence oracle runs each of these.
@@ -441,8 +457,12 @@ class BuiltProgram:
         state = self.module.state_dict()
         state = {k: v.clone() for k, v in state.items()}
         expected = self.eager(method, inputs, restore)
-        return Reference(expected, self._wide(method, inputs, restore),
-                         [self._jitter_run(method, inputs, state, mode, seed) for mode, seed in JITTER_RUNS])
+        if self._jittered is None:
+            namespace: dict = {}
+            exec(compile(render_source(self.spec, jitter=True), "<etprop jittered program>", "exec"), namespace)
+            self._jittered = (namespace["Program"]().eval(), namespace["_jittered_runs"])
+        module, runs = self._jittered
+        return Reference(expected, self._wide(method, inputs, restore), runs(module, state, method, inputs))
 
     def _wide(self, method: str, inputs: tuple, restore: bool) -> list:
         if self._double is None:
@@ -455,21 +475,6 @@ class BuiltProgram:
         finally:
             if restore:
                 self._double.load_state_dict(self._initial_double)
-
-    def _jitter_run(self, method: str, inputs: tuple, state: dict, mode: str, seed: int) -> list:
-        if self._jittered is None:
-            namespace: dict = {}
-            exec(compile(render_source(self.spec, jitter=True), "<etprop jittered program>", "exec"), namespace)
-            self._jittered = (namespace["Program"]().eval(), namespace)
-        module, namespace = self._jittered
-        control, jitter = namespace["_JITTER"], namespace["_jitter"]
-        control.update(mode=mode, generator=torch.Generator().manual_seed(seed))
-        try:
-            with torch.no_grad():
-                module.load_state_dict({k: jitter(v) for k, v in state.items()})
-                return [t.clone() for t in getattr(module, method)(*(jitter(x) for x in inputs))]
-        finally:
-            control.update(mode=None, generator=None)
 
     def eager(self, method: str, inputs: tuple, restore: bool = True) -> list[torch.Tensor]:
         """Eager reference outputs. Mutated buffers go back to their initial
