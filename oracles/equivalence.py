@@ -33,7 +33,7 @@ def check(lowering, runner=None, kinds=INPUT_KINDS_DEFAULT) -> Verdict:
     # from the initial values the module was built with.
     sequence = built.stateful and getattr(runner, "keeps_state", True)
     try:
-        return _run_all(built, runner, kinds, lowering.flow.name, sequence)
+        return _run_all(built, runner, kinds, lowering.flow.runtime, sequence)
     finally:
         built.reset_state()
 
@@ -50,18 +50,19 @@ def cases(built, kinds=INPUT_KINDS_DEFAULT, sequence: bool | None = None):
             yield method, kind, inputs
 
 
-def _run_all(built, runner, kinds, flow, sequence) -> Verdict:
+def _run_all(built, runner, kinds, runtime, sequence) -> Verdict:
     checked = unstable = 0
     for method, kind, inputs in cases(built, kinds, sequence):
         with stages.timed("torch"):
-            reference = built.reference(method, inputs, restore=not sequence)
+            reference = built.reference(method, inputs, restore=not sequence,
+                                        ulps=tolerance.op_ulps(runtime, built.spec.get("dtype", "float32")))
         try:
             with stages.timed("executorch"):
                 actual = runner.run(method, inputs)
         except Exception as exc:
             return Verdict.failed(NAME, f"method '{method}' failed on {kind} inputs: "
                                         f"{type(exc).__name__}: {exc}", Outcome.RUN_ERROR)
-        judgement = tolerance.judge(reference, actual, flow)
+        judgement = tolerance.judge(reference, actual, runtime)
         unstable += judgement.unstable
         if judgement.problem:
             where = f"call {checked + 1} of a stateful sequence, " if sequence else ""

@@ -185,24 +185,92 @@ def make_input(shape, dtype, kind, seed):
 # jitter every node's value goes through.
 JITTER_PRELUDE = '''
 
-_JITTER = {"mode": None, "generator": None}
+_JITTER = {"mode": None, "generator": None, "ulps": {}}
 
 
-def _jitter(value):
-    """``value`` times (1 + u*eps) in its own dtype: u is +1 ("up"), -1
-    ("down") or drawn from {-1, 0, 1} per element ("random")."""
+def _jitter(value, op=None, magnitude=None):
+    """``value`` moved by u*eps*(ulps*|value| + magnitude) in its own dtype,
+    u being +1 ("up"), -1 ("down") or drawn from {-1, 0, 1} per element
+    ("random"). ``ulps`` is the op's error budget (1 unless the caller sets
+    one); ``magnitude``, for a sum of terms, gives the same sum of the terms'
+    absolute values: the scale of its rounding error in any summation order,
+    float32 eps times the budget ``ulps["sums"]``."""
     mode = _JITTER["mode"]
     if mode is None or not isinstance(value, torch.Tensor) or not value.is_floating_point():
         return value
+    wide, ulps = value.double(), _JITTER["ulps"]
+    scale = ulps.get(op, 1.0) * wide.abs()
+    terms = magnitude() if magnitude is not None else None
+    eps = torch.finfo(value.dtype).eps
+    if terms is not None:
+        # Sums accumulate in float32 (ATen and the backends, half types included).
+        accumulated = torch.finfo(torch.float32).eps * ulps.get("sums", 1.0) / eps
+        scale = scale + accumulated * terms.double().abs().clamp_max(torch.finfo(value.dtype).max)
+    return (wide + _signs(value.shape) * eps * scale).to(value.dtype)
+
+
+def _magnitude(module, value):
+    """Linear and convolution layers applied to |input| with |weights|."""
+    weight = module.weight.abs()
+    bias = None if module.bias is None else module.bias.abs()
+    if isinstance(module, nn.Linear):
+        return F.linear(value.abs(), weight, bias)
+    if isinstance(module, (nn.Conv1d, nn.Conv2d)):
+        return module._conv_forward(value.abs(), weight, bias)
+    if isinstance(module, (nn.ConvTranspose1d, nn.ConvTranspose2d)):
+        fn = F.conv_transpose1d if isinstance(module, nn.ConvTranspose1d) else F.conv_transpose2d
+        return fn(value.abs(), weight, bias, module.stride, module.padding, module.output_padding,
+                  module.groups, module.dilation)
+    return None
+
+
+def _signs(shape):
+    """u per element: {-1, 0, 1} at random, or +-``ulps["directional"]``."""
+    mode = _JITTER["mode"]
     if mode == "random":
-        u = torch.randint(-1, 2, value.shape, generator=_JITTER["generator"]).double()
+        return torch.randint(-1, 2, shape, generator=_JITTER["generator"]).double()
+    amplitude = _JITTER["ulps"].get("directional", 1.0)
+    return torch.full(shape, amplitude if mode == "up" else -amplitude, dtype=torch.float64)
+
+
+def _eager_cond(operand, threshold, true_fn, false_fn, operands):
+    """torch.cond on ``operand.mean() > threshold``. A mean within the
+    summation error bound (eps * sum|x|) of the threshold is a tie another
+    summation order may break either way: the up run takes the true branch,
+    the down run the false one."""
+    pred = bool(operand.mean() > threshold)
+    mean = float(operand.mean())
+    margin = (_JITTER["ulps"].get("directional", 1.0) * torch.finfo(operand.dtype).eps
+              * float(operand.double().abs().sum()))
+    if _JITTER["mode"] in ("up", "down") and abs(mean - threshold) <= margin:
+        pred = _JITTER["mode"] == "up"
+    return (true_fn if pred else false_fn)(*operands)
+
+
+def _layer(module, value):
+    """A layer; GroupNorm and LayerNorm with their variance moved by its
+    rounding error in a one-pass computation (E[x^2] - E[x]^2, as backends
+    do), eps * E[x^2]: for a nearly constant input far more than eps * var."""
+    if _JITTER["mode"] is None or not isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
+        return module(value)
+    wide = value.double()
+    if isinstance(module, nn.GroupNorm):
+        grouped, dims = wide.reshape(wide.shape[0], module.num_groups, -1), (-1,)
     else:
-        u = 1.0 if mode == "up" else -1.0
-    return (value.double() * (1 + u * torch.finfo(value.dtype).eps)).to(value.dtype)
-
-
-def _eager_cond(pred, true_fn, false_fn, operands):
-    return (true_fn if bool(pred) else false_fn)(*operands)
+        grouped, dims = wide, tuple(range(-len(module.normalized_shape), 0))
+    mean = grouped.mean(dims, keepdim=True)
+    mean = mean + _signs(mean.shape) * torch.finfo(value.dtype).eps * grouped.abs().mean(dims, keepdim=True)
+    square = (grouped * grouped).mean(dims, keepdim=True)
+    var = grouped.var(dims, correction=0, keepdim=True)
+    var = (var + _signs(var.shape) * torch.finfo(value.dtype).eps * square).clamp_min(0)
+    result = ((grouped - mean) / torch.sqrt(var + module.eps)).reshape(wide.shape)
+    if module.weight is not None:
+        shape = (1, -1) + (1,) * (wide.dim() - 2) if isinstance(module, nn.GroupNorm) else module.weight.shape
+        result = result * module.weight.double().reshape(shape)
+    if module.bias is not None:
+        shape = (1, -1) + (1,) * (wide.dim() - 2) if isinstance(module, nn.GroupNorm) else module.bias.shape
+        result = result + module.bias.double().reshape(shape)
+    return result.to(value.dtype)
 
 
 def hop_map(body, xs, *args):
@@ -228,18 +296,22 @@ def hop_while_loop(cond, body, carried):
 JITTER_RUNS = (("up", 0), ("down", 0), ("random", 1), ("random", 2))
 
 
-def _jittered_runs(module, state, method, inputs):
+def _jittered_runs(module, state, method, inputs, ulps=None, constants=None):
     """The outputs of ``method`` once per jitter run, each starting from
-    ``state`` (a state dict) and ``inputs`` jittered too."""
+    ``state`` (a state dict), ``constants`` (plain tensor attributes) and
+    ``inputs`` jittered too; ``ulps`` maps ops to their error budget in
+    units of eps (default 1)."""
     runs = []
     for mode, seed in JITTER_RUNS:
-        _JITTER.update(mode=mode, generator=torch.Generator().manual_seed(seed))
+        _JITTER.update(mode=mode, generator=torch.Generator().manual_seed(seed), ulps=ulps or {})
         try:
             with torch.no_grad():
                 module.load_state_dict({key: _jitter(value) for key, value in state.items()})
+                for name, value in (constants or {}).items():
+                    setattr(module, name, _jitter(value))
                 runs.append([t.clone() for t in getattr(module, method)(*(_jitter(x) for x in inputs))])
         finally:
-            _JITTER.update(mode=None, generator=None)
+            _JITTER.update(mode=None, generator=None, ulps={})
     return runs
 '''
 
@@ -294,9 +366,55 @@ def _body_lines(nodes: list[dict], indent: str, jitter: bool = False) -> list[st
         else:
             expression = vocabulary.render(node, node.get("args", []))
             if jitter:
-                expression = f"_jitter({expression})"
+                expression = _jittered_expression(node, expression)
             lines.append(f"{indent}{node['id']} = {expression}")
     return lines
+
+
+# Ops that sum terms: their rounding error scales with the sum of |terms|.
+_SUMS = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm", "matmul",
+         "sum", "mean", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate")
+
+
+# Elementwise ops whose textbook formula cancels terms, as a backend may
+# compute them: the absolute size of those terms (gelu: x(1 + erf) / 2; elu:
+# alpha(exp(x) - 1); softplus: log(1 + exp(beta x)) / beta; hardswish and
+# hardsigmoid: x + 3; log_softmax: x - logsumexp).
+_TERMS = {
+    "gelu": lambda a, at: f"{a[0]}.abs()",
+    "elu": lambda a, at: f"torch.full_like({a[0]}, {abs(at.get('alpha', 1.0))!r})",
+    "softplus": lambda a, at: f"torch.full_like({a[0]}, {1 / abs(at.get('beta', 1.0))!r})",
+    "hardswish": lambda a, at: f"{a[0]}.abs() * ({a[0]}.abs() + 3) / 6",
+    "hardsigmoid": lambda a, at: f"({a[0]}.abs() + 3) / 6",
+    "log_softmax": lambda a, at: f"{a[0]}.abs() + torch.logsumexp({a[0]}, dim={at['dim']!r}, keepdim=True).abs()",
+}
+
+
+# Ops that never round: their result is exact given their inputs, so only
+# their inputs' jitter moves it.
+_EXACT = ("relu", "abs", "neg", "clamp", "hardtanh", "floor", "ceil", "round", "via_int64", "maximum", "minimum",
+          "amax", "amin", "max_pool1d", "max_pool2d", "reshape", "permute", "transpose", "flatten", "unsqueeze",
+          "squeeze", "slice", "cat", "pixel_shuffle", "pixel_unshuffle")
+
+
+def _jittered_expression(node: dict, expression: str) -> str:
+    op, args, attrs = node["op"], node.get("args", []), node.get("attrs", {})
+    if (op in _EXACT or (op == "buffer_update" and attrs.get("how") == "copy")
+            or (op == "interpolate" and attrs.get("mode", "nearest") == "nearest")):
+        return expression
+    if op in _TERMS:
+        return f"_jitter({expression}, {op!r}, lambda: {_TERMS[op](args, node.get('attrs', {}))})"
+    if op == "layer":
+        state = node["state"]
+        return (f"_jitter(_layer(self.{state}, {args[0]}), 'layer', "
+                f"lambda: _magnitude(self.{state}, {args[0]}))")
+    if op in _SUMS or op in ("add", "sub"):
+        absolute = vocabulary.render(node, [f"{a}.abs()" for a in args]).replace("torch.sub(", "torch.add(")
+        for name in {node.get("state"), node.get("attrs", {}).get("bias_state")} - {None}:
+            absolute = absolute.replace(f"self.{name}.weight", f"self.{name}.weight.abs()")
+            absolute = absolute.replace(f"self.{name},", f"self.{name}.abs(),").replace(f"self.{name})", f"self.{name}.abs())")
+        return f"_jitter({expression}, {op!r}, lambda: {absolute})"
+    return f"_jitter({expression}, {op!r})"
 
 
 def _function_lines(fn_name: str, params: list[str], body: dict, indent: str,
@@ -315,7 +433,8 @@ def _control_flow_lines(node: dict, indent: str, jitter: bool = False) -> list[s
     if op == "cond":
         for index, body in enumerate(bodies):
             lines += _function_lines(f"_{nid}_branch{index}", body["params"], body, indent, jitter=jitter)
-        pred = f"{args[0]}.mean() > {attrs.get('threshold', 0.0)!r}"
+        threshold = attrs.get("threshold", 0.0)
+        pred = f"{args[0]}, {threshold!r}" if jitter else f"{args[0]}.mean() > {threshold!r}"
         operands = ", ".join(args[1:]) + ","
         cond = "_eager_cond" if jitter else "torch.cond"
         lines.append(f"{indent}{nid} = {cond}({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
@@ -447,13 +566,14 @@ class BuiltProgram:
             if module is not None and saved is not None:
                 module.load_state_dict(saved)
 
-    def reference(self, method: str, inputs: tuple, restore: bool = True) -> Reference:
+    def reference(self, method: str, inputs: tuple, restore: bool = True, ulps: Optional[dict] = None) -> Reference:
         """Eager outputs with what the equivalence oracle bounds them by: a
         float64 run (rounding error) and jittered runs (how far one ulp of
         rounding anywhere moves each output: conditioning, and jumps of
         rounding ops and branches). ``restore`` as for ``eager``; the float64
         copy keeps its own sequence, the jittered runs start each call from
-        the state eager started from."""
+        the state eager started from. ``ulps``: error budgets per op (see
+        ``_jitter`` in JITTER_PRELUDE)."""
         state = self.module.state_dict()
         state = {k: v.clone() for k, v in state.items()}
         expected = self.eager(method, inputs, restore)
@@ -462,7 +582,13 @@ class BuiltProgram:
             exec(compile(render_source(self.spec, jitter=True), "<etprop jittered program>", "exec"), namespace)
             self._jittered = (namespace["Program"]().eval(), namespace["_jittered_runs"])
         module, runs = self._jittered
-        return Reference(expected, self._wide(method, inputs, restore), runs(module, state, method, inputs))
+        return Reference(expected, self._wide(method, inputs, restore),
+                         runs(module, state, method, inputs, ulps, self.constants()))
+
+    def constants(self) -> dict:
+        """The module's plain tensor attributes (spec entries of kind "constant")."""
+        return {name: getattr(self.module, name) for name, entry in self.spec["state"].items()
+                if entry["kind"] == "constant"}
 
     def _wide(self, method: str, inputs: tuple, restore: bool) -> list:
         if self._double is None:

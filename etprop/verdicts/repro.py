@@ -142,9 +142,10 @@ def main():
             with torch.no_grad():
                 want = list(getattr(program, name)(*args))
                 wide = list(getattr(program64, name)(*(a.double() for a in args)))
-            runs = variant["_jittered_runs"](jittered, state, name, args)
+            runs = variant["_jittered_runs"](jittered, state, name, args, op_ulps({runtime!r}, {dtype!r}),
+                                             {{c: getattr(program, c) for c in {constants!r}}})
             got = run(name, args)
-            judgement = judge(SimpleNamespace(expected=want, wide=wide, jittered=runs), got, flow={flow!r})
+            judgement = judge(SimpleNamespace(expected=want, wide=wide, jittered=runs), got, {runtime!r})
             if judgement.unstable:
                 print(f"{{name}} {{kind}}: {{judgement.unstable}} unstable elements")
             if judgement.problem:
@@ -177,7 +178,8 @@ def standalone_script(spec: dict, flow_name: str) -> str:
               '"""\n')
     mutable = [n for n, e in spec["state"].items() if e["kind"] == "buffer" and e.get("mutable")]
     return header + render_source(spec) + _SCRIPT_TAIL.format(
-        flow=flow_name, recipe=recipe, mutable=mutable, policy=_policy_source(),
+        flow=flow_name, recipe=recipe, mutable=mutable, policy=_policy_source(), dtype=spec.get("dtype", "float32"),
+        runtime=flow.runtime, constants=[n for n, e in spec["state"].items() if e["kind"] == "constant"],
         jittered=_quoted(render_source(spec, jitter=True)))
 
 
