@@ -14,22 +14,22 @@ from etprop.strategies.programs import computed_weight_programs, multi_method_pr
 @pytest.mark.etprop_family("mixed")
 @given(spec=programs(min_nodes=6, max_nodes=32))
 def test_differential_mixed(flow_pair, spec, etprop):
-    etprop.verdicts.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
+    etprop.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
 
 
 @pytest.mark.etprop_family("computed_weights")
 @given(spec=computed_weight_programs())
 def test_differential_computed_weights(flow_pair, spec, etprop):
-    etprop.verdicts.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
+    etprop.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
 
 
 @pytest.mark.etprop_family("control_flow")
 @given(spec=control_flow_programs())
 def test_differential_control_flow(flow_pair, spec, etprop):
-    etprop.verdicts.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
+    etprop.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
 
 
 @pytest.mark.etprop_family("multi_method")
 @given(spec=multi_method_programs())
 def test_differential_multi_method(flow_pair, spec, etprop):
-    etprop.verdicts.check(spec, list(flow_pair), "differential_multi_method", DIFFERENTIAL_MULTI_METHOD)
+    etprop.check(spec, list(flow_pair), "differential_multi_method", DIFFERENTIAL_MULTI_METHOD)

@@ -12,22 +12,22 @@ from etprop.strategies.programs import computed_weight_programs, multi_method_pr
 @pytest.mark.etprop_family("mixed")
 @given(spec=programs(min_nodes=6, max_nodes=40))
 def test_mixed_programs(flow, spec, etprop):
-    etprop.verdicts.check(spec, [flow], "mixed", SINGLE_FLOW)
+    etprop.check(spec, [flow], "mixed", SINGLE_FLOW)
 
 
 @pytest.mark.etprop_family("computed_weights")
 @given(spec=computed_weight_programs())
 def test_computed_weight_programs(flow, spec, etprop):
-    etprop.verdicts.check(spec, [flow], "computed_weights", SINGLE_FLOW)
+    etprop.check(spec, [flow], "computed_weights", SINGLE_FLOW)
 
 
 @pytest.mark.etprop_family("control_flow")
 @given(spec=control_flow_programs())
 def test_control_flow_programs(flow, spec, etprop):
-    etprop.verdicts.check(spec, [flow], "control_flow", SINGLE_FLOW)
+    etprop.check(spec, [flow], "control_flow", SINGLE_FLOW)
 
 
 @pytest.mark.etprop_family("multi_method")
 @given(spec=multi_method_programs())
 def test_multi_method_programs(flow, spec, etprop):
-    etprop.verdicts.check(spec, [flow], "multi_method", MULTI_METHOD)
+    etprop.check(spec, [flow], "multi_method", MULTI_METHOD)
