@@ -209,8 +209,22 @@ def _jitter(value, op=None, magnitude=None):
     return (wide + _signs(value.shape) * eps * scale).to(value.dtype)
 
 
+def _var_terms(value, dim, keepdim):
+    """The rounding scale of a variance: mean of squares, times sqrt(n) for
+    a long sequential sum."""
+    squares = value.double() ** 2
+    reduced = squares.mean(dim=dim, keepdim=keepdim) if dim is not None else squares.mean()
+    return reduced * (value.numel() / max(reduced.numel(), 1)) ** 0.5
+
+
 def _magnitude(module, value):
-    """Linear and convolution layers applied to |input| with |weights|."""
+    """Linear and convolution layers applied to |input| with |weights|; a
+    normalization's result times the roundings after its statistics (centre,
+    scale, affine: 4)."""
+    if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
+        return 4 * _layer(module, value).abs()
+    if getattr(module, "weight", None) is None:
+        return None
     weight = module.weight.abs()
     bias = None if module.bias is None else module.bias.abs()
     if isinstance(module, nn.Linear):
@@ -376,10 +390,10 @@ _SUMS = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "
          "sum", "mean", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate")
 
 
-# Elementwise ops whose textbook formula cancels terms, as a backend may
-# compute them: the absolute size of those terms (gelu: x(1 + erf) / 2; elu:
+# Ops whose textbook formula cancels terms, as a backend may compute them:
+# the absolute size of those terms (gelu: x(1 + erf) / 2; elu:
 # alpha(exp(x) - 1); softplus: log(1 + exp(beta x)) / beta; hardswish and
-# hardsigmoid: x + 3; log_softmax: x - logsumexp).
+# hardsigmoid: x + 3; log_softmax: x - logsumexp; var: E[x^2] - E[x]^2).
 _TERMS = {
     "gelu": lambda a, at: f"{a[0]}.abs()",
     "elu": lambda a, at: f"torch.full_like({a[0]}, {abs(at.get('alpha', 1.0))!r})",
@@ -387,6 +401,7 @@ _TERMS = {
     "hardswish": lambda a, at: f"{a[0]}.abs() * ({a[0]}.abs() + 3) / 6",
     "hardsigmoid": lambda a, at: f"({a[0]}.abs() + 3) / 6",
     "log_softmax": lambda a, at: f"{a[0]}.abs() + torch.logsumexp({a[0]}, dim={at['dim']!r}, keepdim=True).abs()",
+    "var": lambda a, at: f"_var_terms({a[0]}, {at.get('dim')!r}, {at.get('keepdim', False)!r})",
 }
 
 
