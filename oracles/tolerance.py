@@ -54,9 +54,11 @@ EDGE_RATIO = 2.0
 #   AI fall back to) accumulate a bfloat16 convolution in bfloat16: a grouped
 #   Conv2d of 48 terms differed from eager by 9 ulps (0.018 at 0.35) on
 #   portable and xnnpack, where float32 accumulation differs by 1.
-# - Core AI float16 GEMMs accumulate in float16: Linear error grows with the
-#   inner dimension K, 9e-4 at K=16 to 1.25e-2 at K=4096 of the output scale
-#   (eager stays at 2.6e-4, one output rounding).
+# - Core AI float16 GEMMs accumulate in float16: Linear(K -> 64) error grows
+#   with the inner dimension K, 7e-4 / 4e-3 / 1.4e-2 of the output scale at
+#   K = 16 / 256 / 4096 (eager stays at 2.6e-4, one output rounding). Without
+#   this budget the K=4096 case fails (0.023 off where 0.006 is allowed); with
+#   it all three pass.
 BFLOAT16_SUMS = 2.0 ** 16  # bfloat16 eps / float32 eps
 FLOAT16_SUMS = 2.0 ** 13
 OP_ULPS: dict[tuple[str, str], dict[str, float]] = {
