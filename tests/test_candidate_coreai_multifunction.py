@@ -29,7 +29,6 @@ from etprop.candidates.coreai_multifunction import (  # noqa: E402
     upstream_has_multifunction,
 )
 from etprop.lowering.coreai_runtime import CoreAIProgram, bundle_files, coreai_delegates  # noqa: E402
-from etprop.oracles.tolerance import coreai_tolerance  # noqa: E402
 from etprop.oracles import shared_cache  # noqa: E402
 from etprop.lowering.pipeline import Lowering  # noqa: E402
 
@@ -90,8 +89,13 @@ def coreai_keys(program) -> list[str]:
     return sorted(key for key in store.pte_data if key.startswith("coreai/"))
 
 
+# (rtol, atol) for these hand-written modules, with Core AI's float16 GEMMs
+# accumulating in float16; generated programs are judged by oracles/tolerance.
+ROUGH_TOLERANCE = {torch.float32: (1e-3, 1e-3), torch.float16: (1e-2, 2e-2), torch.bfloat16: (2e-2, 1e-2)}
+
+
 def assert_matches(got, want):
-    rtol, atol = coreai_tolerance(want.dtype)
+    rtol, atol = ROUGH_TOLERANCE[want.dtype]
     torch.testing.assert_close(got[0], want.detach(), rtol=rtol, atol=atol)
 
 

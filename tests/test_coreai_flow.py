@@ -29,7 +29,6 @@ from etprop.lowering.coreai_runtime import (  # noqa: E402
     bundle_hashes,
     coreai_delegates,
 )
-from etprop.oracles.tolerance import coreai_tolerance  # noqa: E402
 
 FLOW = flows.get("coreai")
 
@@ -49,11 +48,16 @@ def lower(methods: dict[str, tuple[nn.Module, tuple]]):
         return edge.to_executorch()
 
 
+# (rtol, atol) for these hand-written modules, with Core AI's float16 GEMMs
+# accumulating in float16; generated programs are judged by oracles/tolerance.
+ROUGH_TOLERANCE = {torch.float32: (1e-3, 1e-3), torch.float16: (1e-2, 2e-2), torch.bfloat16: (2e-2, 1e-2)}
+
+
 def assert_matches(got: list, want) -> None:
     want = list(want) if isinstance(want, (tuple, list)) else [want]
     assert len(got) == len(want)
     for g, w in zip(got, want):
-        rtol, atol = coreai_tolerance(w.dtype) if w.dtype.is_floating_point else (0.0, 0.0)
+        rtol, atol = ROUGH_TOLERANCE.get(w.dtype, (0.0, 0.0))
         torch.testing.assert_close(g, w.detach(), rtol=rtol, atol=atol)
 
 
@@ -247,7 +251,7 @@ def test_tampered_bundle_weight_is_caught(linear):
 
 
 def test_float32_delegates_compute_in_float32(linear):
-    """coreai_tolerance's float32 claim: error is float32-sized, far below fp16 rounding."""
+    """Core AI's float32 claim: error is float32-sized, far below fp16 rounding."""
     module, _, runner = linear
     x = torch.randn(4, 16)
     got = runner.run("forward", [x])[0].double()

@@ -179,6 +179,157 @@ def make_input(shape, dtype, kind, seed):
 '''
 
 
+# Appended to the prelude of the jittered variant only (see ``render_source``):
+# eager stand-ins for the control-flow operators, which in eager compile their
+# bodies with dynamo (and could not run ``_jitter``'s random draws), and the
+# jitter every node's value goes through.
+JITTER_PRELUDE = '''
+
+_JITTER = {"mode": None, "generator": None, "ulps": {}}
+
+
+def _jitter(value, op=None, magnitude=None):
+    """``value`` moved by u*eps*(ulps*|value| + magnitude) in its own dtype,
+    u being +1 ("up"), -1 ("down") or drawn from {-1, 0, 1} per element
+    ("random"). ``ulps`` is the op's error budget (1 unless the caller sets
+    one); ``magnitude``, for a sum of terms, gives the same sum of the terms'
+    absolute values: the scale of its rounding error in any summation order,
+    float32 eps times the budget ``ulps["sums"]``."""
+    mode = _JITTER["mode"]
+    if mode is None or not isinstance(value, torch.Tensor) or not value.is_floating_point():
+        return value
+    wide, ulps = value.double(), _JITTER["ulps"]
+    scale = ulps.get(op, 1.0) * wide.abs()
+    terms = magnitude() if magnitude is not None else None
+    eps = torch.finfo(value.dtype).eps
+    if terms is not None:
+        # Sums accumulate in float32 (ATen and the backends, half types included).
+        accumulated = torch.finfo(torch.float32).eps * ulps.get("sums", 1.0) / eps
+        scale = scale + accumulated * terms.double().abs().clamp_max(torch.finfo(value.dtype).max)
+    return (wide + _signs(value.shape) * eps * scale).to(value.dtype)
+
+
+def _var_terms(value, dim, keepdim):
+    """The rounding scale of a variance: mean of squares, times sqrt(n) for
+    a long sequential sum."""
+    squares = value.double() ** 2
+    reduced = squares.mean(dim=dim, keepdim=keepdim) if dim is not None else squares.mean()
+    return reduced * (value.numel() / max(reduced.numel(), 1)) ** 0.5
+
+
+def _magnitude(module, value):
+    """Linear and convolution layers applied to |input| with |weights|; a
+    normalization's result times the roundings after its statistics (centre,
+    scale, affine: 4)."""
+    if isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
+        return 4 * _layer(module, value).abs()
+    if getattr(module, "weight", None) is None:
+        return None
+    weight = module.weight.abs()
+    bias = None if module.bias is None else module.bias.abs()
+    if isinstance(module, nn.Linear):
+        return F.linear(value.abs(), weight, bias)
+    if isinstance(module, (nn.Conv1d, nn.Conv2d)):
+        return module._conv_forward(value.abs(), weight, bias)
+    if isinstance(module, (nn.ConvTranspose1d, nn.ConvTranspose2d)):
+        fn = F.conv_transpose1d if isinstance(module, nn.ConvTranspose1d) else F.conv_transpose2d
+        return fn(value.abs(), weight, bias, module.stride, module.padding, module.output_padding,
+                  module.groups, module.dilation)
+    return None
+
+
+def _signs(shape):
+    """u per element: {-1, 0, 1} at random, or +-``ulps["directional"]``."""
+    mode = _JITTER["mode"]
+    if mode == "random":
+        return torch.randint(-1, 2, shape, generator=_JITTER["generator"]).double()
+    amplitude = _JITTER["ulps"].get("directional", 1.0)
+    return torch.full(shape, amplitude if mode == "up" else -amplitude, dtype=torch.float64)
+
+
+def _eager_cond(operand, threshold, true_fn, false_fn, operands):
+    """torch.cond on ``operand.mean() > threshold``. A mean within the
+    summation error bound (eps * sum|x|) of the threshold is a tie another
+    summation order may break either way: the up run takes the true branch,
+    the down run the false one."""
+    pred = bool(operand.mean() > threshold)
+    mean = float(operand.mean())
+    margin = (_JITTER["ulps"].get("directional", 1.0) * torch.finfo(operand.dtype).eps
+              * float(operand.double().abs().sum()))
+    if _JITTER["mode"] in ("up", "down") and abs(mean - threshold) <= margin:
+        pred = _JITTER["mode"] == "up"
+    return (true_fn if pred else false_fn)(*operands)
+
+
+def _layer(module, value):
+    """A layer; GroupNorm and LayerNorm with their variance moved by its
+    rounding error in a one-pass computation (E[x^2] - E[x]^2, as backends
+    do), eps * E[x^2]: for a nearly constant input far more than eps * var."""
+    if _JITTER["mode"] is None or not isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
+        return module(value)
+    wide = value.double()
+    if isinstance(module, nn.GroupNorm):
+        grouped, dims = wide.reshape(wide.shape[0], module.num_groups, -1), (-1,)
+    else:
+        grouped, dims = wide, tuple(range(-len(module.normalized_shape), 0))
+    mean = grouped.mean(dims, keepdim=True)
+    mean = mean + _signs(mean.shape) * torch.finfo(value.dtype).eps * grouped.abs().mean(dims, keepdim=True)
+    square = (grouped * grouped).mean(dims, keepdim=True)
+    var = grouped.var(dims, correction=0, keepdim=True)
+    var = (var + _signs(var.shape) * torch.finfo(value.dtype).eps * square).clamp_min(0)
+    result = ((grouped - mean) / torch.sqrt(var + module.eps)).reshape(wide.shape)
+    if module.weight is not None:
+        shape = (1, -1) + (1,) * (wide.dim() - 2) if isinstance(module, nn.GroupNorm) else module.weight.shape
+        result = result * module.weight.double().reshape(shape)
+    if module.bias is not None:
+        shape = (1, -1) + (1,) * (wide.dim() - 2) if isinstance(module, nn.GroupNorm) else module.bias.shape
+        result = result + module.bias.double().reshape(shape)
+    return result.to(value.dtype)
+
+
+def hop_map(body, xs, *args):
+    results = [body(x, *args) for x in xs.unbind(0)]
+    return tuple(torch.stack(parts) for parts in zip(*results))
+
+
+def hop_scan(combine, init, xs):
+    carry, ys = init, []
+    for x in xs.unbind(0):
+        carry, y = combine(carry, x)
+        ys.append(y)
+    return carry, torch.stack(ys)
+
+
+def hop_while_loop(cond, body, carried):
+    while cond(*carried):
+        carried = body(*carried)
+    return carried
+
+
+# Both directions for every value, then two patterns of random signs.
+JITTER_RUNS = (("up", 0), ("down", 0), ("random", 1), ("random", 2))
+
+
+def _jittered_runs(module, state, method, inputs, ulps=None, constants=None):
+    """The outputs of ``method`` once per jitter run, each starting from
+    ``state`` (a state dict), ``constants`` (plain tensor attributes) and
+    ``inputs`` jittered too; ``ulps`` maps ops to their error budget in
+    units of eps (default 1)."""
+    runs = []
+    for mode, seed in JITTER_RUNS:
+        _JITTER.update(mode=mode, generator=torch.Generator().manual_seed(seed), ulps=ulps or {})
+        try:
+            with torch.no_grad():
+                module.load_state_dict({key: _jitter(value) for key, value in state.items()})
+                for name, value in (constants or {}).items():
+                    setattr(module, name, _jitter(value))
+                runs.append([t.clone() for t in getattr(module, method)(*(_jitter(x) for x in inputs))])
+        finally:
+            _JITTER.update(mode=None, generator=None, ulps={})
+    return runs
+'''
+
+
 # Input kinds make_input understands; the equivalence oracle runs each of these.
 INPUT_KINDS_DEFAULT = ("normal", "negative", "zeros", "large", "small")
 
@@ -221,26 +372,76 @@ def _state_lines(name: str, entry: dict, program_dtype: str = "float32") -> list
     return lines
 
 
-def _body_lines(nodes: list[dict], indent: str) -> list[str]:
+def _body_lines(nodes: list[dict], indent: str, jitter: bool = False) -> list[str]:
     lines: list[str] = []
     for node in nodes:
         if node["op"] in vocabulary.CONTROL_FLOW_OPS:
-            lines += _control_flow_lines(node, indent)
+            lines += _control_flow_lines(node, indent, jitter)
         else:
-            lines.append(f"{indent}{node['id']} = {vocabulary.render(node, node.get('args', []))}")
+            expression = vocabulary.render(node, node.get("args", []))
+            if jitter:
+                expression = _jittered_expression(node, expression)
+            lines.append(f"{indent}{node['id']} = {expression}")
     return lines
 
 
+# Ops that sum terms: their rounding error scales with the sum of |terms|.
+_SUMS = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm", "matmul",
+         "sum", "mean", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate")
+
+
+# Ops whose textbook formula cancels terms, as a backend may compute them:
+# the absolute size of those terms (gelu: x(1 + erf) / 2; elu:
+# alpha(exp(x) - 1); softplus: log(1 + exp(beta x)) / beta; hardswish and
+# hardsigmoid: x + 3; log_softmax: x - logsumexp; var: E[x^2] - E[x]^2).
+_TERMS = {
+    "gelu": lambda a, at: f"{a[0]}.abs()",
+    "elu": lambda a, at: f"torch.full_like({a[0]}, {abs(at.get('alpha', 1.0))!r})",
+    "softplus": lambda a, at: f"torch.full_like({a[0]}, {1 / abs(at.get('beta', 1.0))!r})",
+    "hardswish": lambda a, at: f"{a[0]}.abs() * ({a[0]}.abs() + 3) / 6",
+    "hardsigmoid": lambda a, at: f"({a[0]}.abs() + 3) / 6",
+    "log_softmax": lambda a, at: f"{a[0]}.abs() + torch.logsumexp({a[0]}, dim={at['dim']!r}, keepdim=True).abs()",
+    "var": lambda a, at: f"_var_terms({a[0]}, {at.get('dim')!r}, {at.get('keepdim', False)!r})",
+}
+
+
+# Ops that never round: their result is exact given their inputs, so only
+# their inputs' jitter moves it.
+_EXACT = ("relu", "abs", "neg", "clamp", "hardtanh", "floor", "ceil", "round", "via_int64", "maximum", "minimum",
+          "amax", "amin", "max_pool1d", "max_pool2d", "reshape", "permute", "transpose", "flatten", "unsqueeze",
+          "squeeze", "slice", "cat", "pixel_shuffle", "pixel_unshuffle")
+
+
+def _jittered_expression(node: dict, expression: str) -> str:
+    op, args, attrs = node["op"], node.get("args", []), node.get("attrs", {})
+    if (op in _EXACT or (op == "buffer_update" and attrs.get("how") == "copy")
+            or (op == "interpolate" and attrs.get("mode", "nearest") == "nearest")):
+        return expression
+    if op in _TERMS:
+        return f"_jitter({expression}, {op!r}, lambda: {_TERMS[op](args, node.get('attrs', {}))})"
+    if op == "layer":
+        state = node["state"]
+        return (f"_jitter(_layer(self.{state}, {args[0]}), 'layer', "
+                f"lambda: _magnitude(self.{state}, {args[0]}))")
+    if op in _SUMS or op in ("add", "sub"):
+        absolute = vocabulary.render(node, [f"{a}.abs()" for a in args]).replace("torch.sub(", "torch.add(")
+        for name in {node.get("state"), node.get("attrs", {}).get("bias_state")} - {None}:
+            absolute = absolute.replace(f"self.{name}.weight", f"self.{name}.weight.abs()")
+            absolute = absolute.replace(f"self.{name},", f"self.{name}.abs(),").replace(f"self.{name})", f"self.{name}.abs())")
+        return f"_jitter({expression}, {op!r}, lambda: {absolute})"
+    return f"_jitter({expression}, {op!r})"
+
+
 def _function_lines(fn_name: str, params: list[str], body: dict, indent: str,
-                    returns: Optional[str] = None) -> list[str]:
+                    returns: Optional[str] = None, jitter: bool = False) -> list[str]:
     lines = [f"{indent}def {fn_name}({', '.join(params)}):"]
-    lines += _body_lines(body["nodes"], indent + "    ")
+    lines += _body_lines(body["nodes"], indent + "    ", jitter)
     result = returns or ", ".join(body["outputs"]) + ","
     lines.append(f"{indent}    return ({result})")
     return lines
 
 
-def _control_flow_lines(node: dict, indent: str) -> list[str]:
+def _control_flow_lines(node: dict, indent: str, jitter: bool = False) -> list[str]:
     op, nid, args, attrs = node["op"], node["id"], node["args"], node.get("attrs", {})
     bodies = node["bodies"]
     # ``inline``: the equivalent straight-line form (a neutralization, see neutralize.py).
@@ -248,16 +449,19 @@ def _control_flow_lines(node: dict, indent: str) -> list[str]:
     lines: list[str] = []
     if op == "cond":
         for index, body in enumerate(bodies):
-            lines += _function_lines(f"_{nid}_branch{index}", body["params"], body, indent)
-        pred = f"{args[0]}.mean() > {attrs.get('threshold', 0.0)!r}"
+            lines += _function_lines(f"_{nid}_branch{index}", body["params"], body, indent, jitter=jitter)
+        threshold = attrs.get("threshold", 0.0)
+        pred = f"{args[0]}, {threshold!r}" if jitter else f"{args[0]}.mean() > {threshold!r}"
         operands = ", ".join(args[1:]) + ","
-        if inline:
+        if jitter:
+            lines.append(f"{indent}{nid} = _eager_cond({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
+        elif inline:
             lines.append(f"{indent}{nid} = torch.where({pred}, _{nid}_branch0({operands})[0], "
                          f"_{nid}_branch1({operands})[0])")
         else:
             lines.append(f"{indent}{nid} = torch.cond({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
     elif op == "map":
-        lines += _function_lines(f"_{nid}_body", bodies[0]["params"], bodies[0], indent)
+        lines += _function_lines(f"_{nid}_body", bodies[0]["params"], bodies[0], indent, jitter=jitter)
         if inline:
             rest = "".join(f", {a}" for a in args[1:])
             lines.append(f"{indent}{nid} = torch.stack([_{nid}_body(_{nid}_x{rest})[0] "
@@ -267,7 +471,7 @@ def _control_flow_lines(node: dict, indent: str) -> list[str]:
     elif op == "scan":
         body = bodies[0]
         lines += _function_lines(f"_{nid}_combine", body["params"], body, indent,
-                                 returns=f"{body['outputs'][0]}, {body['outputs'][-1]}.clone()")
+                                 returns=f"{body['outputs'][0]}, {body['outputs'][-1]}.clone()", jitter=jitter)
         if inline:
             lines += [f"{indent}_{nid}_carry, _{nid}_ys = {args[0]}, []",
                       f"{indent}for _{nid}_x in {args[1]}.unbind(0):",
@@ -283,7 +487,7 @@ def _control_flow_lines(node: dict, indent: str) -> list[str]:
         lines.append(f"{indent}def _{nid}_cond(step, {param}):")
         lines.append(f"{indent}    return step < {attrs['iterations']!r}")
         lines.append(f"{indent}def _{nid}_body(step, {param}):")
-        lines += _body_lines(body["nodes"], indent + "    ")
+        lines += _body_lines(body["nodes"], indent + "    ", jitter)
         lines.append(f"{indent}    return (step + 1, {body['outputs'][0]}.clone())")
         start = f"(torch.zeros((), dtype=torch.int64), {args[0]})"
         if inline:
@@ -296,10 +500,15 @@ def _control_flow_lines(node: dict, indent: str) -> list[str]:
     return lines
 
 
-def render_source(spec: dict) -> str:
-    """The program's Python source: prelude, one Program class, its inputs."""
-    lines = [PRELUDE, "", "class Program(nn.Module):", "    def __init__(self):",
-             "        super().__init__()"]
+def render_source(spec: dict, jitter: bool = False) -> str:
+    """The program's Python source: prelude, one Program class, its inputs.
+
+    ``jitter`` renders the variant the equivalence oracle measures sensitivity
+    with: the same program and weights, every node's value passed through
+    ``_jitter`` and control flow run as plain Python. What is exported and
+    what a repro shows is always the plain rendering."""
+    lines = [PRELUDE + (JITTER_PRELUDE if jitter else ""), "", "class Program(nn.Module):",
+             "    def __init__(self):", "        super().__init__()"]
     program_dtype = spec.get("dtype", "float32")
     for name, entry in spec["state"].items():
         lines += ["        " + line for line in _state_lines(name, entry, program_dtype)]
@@ -309,9 +518,21 @@ def render_source(spec: dict) -> str:
     for method, body in spec["methods"].items():
         params = ["self"] + [inp["name"] for inp in body["inputs"]]
         lines.append("")
-        lines += _function_lines(method, params, body, "    ")
+        lines += _function_lines(method, params, body, "    ", jitter=jitter)
     lines += ["", "", "INPUTS = " + repr({m: body["inputs"] for m, body in spec["methods"].items()}), ""]
     return "\n".join(lines)
+
+
+@dataclass
+class Reference:
+    """What one call of a method gives eagerly: the outputs to compare with
+    (``expected``), a float64 run (``wide``) and the outputs of each jittered
+    run (``jittered``), in which every input, parameter, buffer and node value
+    was moved by about one unit in the last place."""
+
+    expected: list
+    wide: list
+    jittered: list = field(default_factory=list)
 
 
 @dataclass
@@ -323,6 +544,7 @@ class BuiltProgram:
     _double: Optional[torch.nn.Module] = field(default=None, repr=False)
     _initial: Optional[dict] = field(default=None, repr=False)
     _initial_double: Optional[dict] = field(default=None, repr=False)
+    _jittered: Optional[tuple] = field(default=None, repr=False)
 
     def __post_init__(self):
         self._initial = {k: v.clone() for k, v in self.module.state_dict().items()}
@@ -383,23 +605,41 @@ class BuiltProgram:
             if module is not None and saved is not None:
                 module.load_state_dict(saved)
 
-    def noise(self, method: str, inputs: tuple, expected: list[torch.Tensor],
-              restore: bool = True) -> list[torch.Tensor]:
-        """Per-element distance between the float32 eager result and a float64
-        run of the same program: how much rounding alone moves each output.
-        Ill-conditioned programs (normalizing a nearly constant tensor,
-        rounding near .5) have large noise; the equivalence oracle allows it."""
+    def reference(self, method: str, inputs: tuple, restore: bool = True, ulps: Optional[dict] = None) -> Reference:
+        """Eager outputs with what the equivalence oracle bounds them by: a
+        float64 run (rounding error) and jittered runs (how far one ulp of
+        rounding anywhere moves each output: conditioning, and jumps of
+        rounding ops and branches). ``restore`` as for ``eager``; the float64
+        copy keeps its own sequence, the jittered runs start each call from
+        the state eager started from. ``ulps``: error budgets per op (see
+        ``_jitter`` in JITTER_PRELUDE)."""
+        state = self.module.state_dict()
+        state = {k: v.clone() for k, v in state.items()}
+        expected = self.eager(method, inputs, restore)
+        if self._jittered is None:
+            namespace: dict = {}
+            exec(compile(render_source(self.spec, jitter=True), "<etprop jittered program>", "exec"), namespace)
+            self._jittered = (namespace["Program"]().eval(), namespace["_jittered_runs"])
+        module, runs = self._jittered
+        return Reference(expected, self._wide(method, inputs, restore),
+                         runs(module, state, method, inputs, ulps, self.constants()))
+
+    def constants(self) -> dict:
+        """The module's plain tensor attributes (spec entries of kind "constant")."""
+        return {name: getattr(self.module, name) for name, entry in self.spec["state"].items()
+                if entry["kind"] == "constant"}
+
+    def _wide(self, method: str, inputs: tuple, restore: bool) -> list:
         if self._double is None:
             self._double = copy.deepcopy(self.module).double()
             self._initial_double = {k: v.clone() for k, v in self._double.state_dict().items()}
         wide = tuple(x.double() if x.is_floating_point() else x for x in inputs)
-        with torch.no_grad():
-            reference = list(getattr(self._double, method)(*wide))
-        if restore:
-            self._double.load_state_dict(self._initial_double)
-        return [(want.double() - ref).abs().nan_to_num(0.0, 0.0, 0.0) if want.is_floating_point()
-                else torch.zeros(want.shape, dtype=torch.float64)
-                for want, ref in zip(expected, reference)]
+        try:
+            with torch.no_grad():
+                return [t.clone() for t in getattr(self._double, method)(*wide)]
+        finally:
+            if restore:
+                self._double.load_state_dict(self._initial_double)
 
     def eager(self, method: str, inputs: tuple, restore: bool = True) -> list[torch.Tensor]:
         """Eager reference outputs. Mutated buffers go back to their initial

@@ -94,14 +94,13 @@ import copy
 # ---- lowering recipe of flow {flow!r} ----
 {recipe}
 
-# ---- run and compare with eager ----
-def _tolerance(expected):
-    rtol, atol = {{torch.float32: (1e-3, 1e-3), torch.float16: (1e-2, 1e-2),
-                   torch.bfloat16: (2e-2, 1e-2)}}[expected.dtype]
-    finite = expected[torch.isfinite(expected)]
-    scale = float(finite.abs().max()) if finite.numel() else 1.0
-    return rtol, atol * max(1.0, scale)
+# ---- etprop's tolerance policy: oracles/tolerance.py verbatim ----
+{policy}
 
+# ---- the program again, every value jittered by one ulp: what the policy measures sensitivity with ----
+_JITTERED_SOURCE = {jittered}
+
+# ---- run and compare with eager ----
 
 class _Method(nn.Module):
     def __init__(self, program, name):
@@ -116,8 +115,13 @@ def main():
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
+    from types import SimpleNamespace
+
     program = Program().eval()
     program64 = copy.deepcopy(program).double()
+    variant = {{}}
+    exec(compile(_JITTERED_SOURCE, "<jittered program>", "exec"), variant)
+    jittered = variant["Program"]().eval()
     exported = {{name: torch.export.export(_Method(program, name),
                   tuple(make_input(tuple(i["shape"]), i["dtype"], "normal", k) for k, i in enumerate(inputs)),
                   strict=False) for name, inputs in INPUTS.items()}}
@@ -134,21 +138,19 @@ def main():
         for kind in ("normal", "negative", "zeros", "large", "small"):
             args = tuple(make_input(tuple(i["shape"]), i["dtype"], kind, k)
                          for k, i in enumerate(inputs))
+            state = {{key: value.clone() for key, value in program.state_dict().items()}}
             with torch.no_grad():
                 want = list(getattr(program, name)(*args))
                 wide = list(getattr(program64, name)(*(a.double() for a in args)))
+            runs = variant["_jittered_runs"](jittered, state, name, args, op_ulps({runtime!r}, {dtype!r}),
+                                             {{c: getattr(program, c) for c in {constants!r}}})
             got = run(name, args)
-            for index, (w, g, r) in enumerate(zip(want, got, wide)):
-                rtol, atol = _tolerance(w)
-                noise = (w.double() - r).abs().nan_to_num(0.0, 0.0, 0.0)
-                allowed = atol + rtol * w.double().abs() + 8.0 * noise
-                finite = torch.isfinite(w)
-                same_special = torch.equal(w[~finite].double().nan_to_num(7.0), g[~finite].double().nan_to_num(7.0))
-                excess = ((g.double() - w.double()).abs() - allowed)[finite]
-                if g.shape != w.shape or not same_special or bool((excess > 0).any()):
-                    failed = True
-                    print(f"MISMATCH {{name}} {{kind}} output {{index}}: max excess "
-                          f"{{float(excess.max()) if excess.numel() else 0.0:.3g}} over the allowed difference")
+            judgement = judge(SimpleNamespace(expected=want, wide=wide, jittered=runs), got, {runtime!r})
+            if judgement.unstable:
+                print(f"{{name}} {{kind}}: {{judgement.unstable}} unstable elements")
+            if judgement.problem:
+                failed = True
+                print(f"MISMATCH {{name}} {{kind}}: {{judgement.problem}}")
     print("VERDICT:", "mismatch" if failed else "pass")
     raise SystemExit(1 if failed else 0)
 
@@ -175,4 +177,20 @@ def standalone_script(spec: dict, flow_name: str) -> str:
               "Run: python THIS_FILE. Prints the lowered graph and a verdict; exits 1 on mismatch.\n"
               '"""\n')
     mutable = [n for n, e in spec["state"].items() if e["kind"] == "buffer" and e.get("mutable")]
-    return header + render_source(spec) + _SCRIPT_TAIL.format(flow=flow_name, recipe=recipe, mutable=mutable)
+    return header + render_source(spec) + _SCRIPT_TAIL.format(
+        flow=flow_name, recipe=recipe, mutable=mutable, policy=_policy_source(), dtype=spec.get("dtype", "float32"),
+        runtime=flow.runtime, constants=[n for n, e in spec["state"].items() if e["kind"] == "constant"],
+        jittered=_quoted(render_source(spec, jitter=True)))
+
+
+def _policy_source() -> str:
+    """oracles/tolerance.py as script text (it imports only torch)."""
+    import inspect
+
+    from etprop.oracles import tolerance
+
+    return inspect.getsource(tolerance).replace("from __future__ import annotations\n", "")
+
+
+def _quoted(source: str) -> str:
+    return f"'''{source}'''" if "'''" not in source and "\\" not in source else repr(source)
