@@ -64,9 +64,6 @@ def _repro_spec(name: str) -> dict:
     return json.loads((known_findings.FINDINGS_DIR / "repros" / name).read_text())["spec"]
 
 
-_BRANCH = [{"params": ["a0"], "nodes": [{"id": "a1", "op": "tanh", "args": ["a0"]}], "outputs": ["a1"]},
-           {"params": ["a2"], "nodes": [{"id": "a3", "op": "sigmoid", "args": ["a2"]}], "outputs": ["a3"]}]
-
 # (finding, flow, a program containing its cause)
 BROAD = {
     "XNN-001": ("xnnpack", _program(
@@ -81,8 +78,7 @@ BROAD = {
         {"p": {"kind": "parameter", "shape": [3, 8], "seed": 3}})),
     "COREAI-007": ("coreai", _repro_spec("coreai_output_halved.json")),
     "COREAI-006": ("coreai", _repro_spec("coreai_control_flow_keyerror.json")),
-    "EXIR-001": ("portable", _program(
-        [{"id": "v0", "op": "cond", "args": ["x", "x"], "attrs": {"threshold": 0.0}, "bodies": _BRANCH}])),
+    "EXIR-001": ("portable", _repro_spec("exir_two_cond_output_mismatch.json")),
     "XNN-008": ("xnnpack", _program(
         [{"id": "v0", "op": "buffer_update", "args": ["x"], "state": "s", "attrs": {"how": "add"}},
          {"id": "v1", "op": "tanh", "args": ["v0"]}],
