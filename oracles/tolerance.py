@@ -16,8 +16,9 @@ branches included.
 
 - Unstable elements: the up and down runs move the element asymmetrically by
   more than rounding could (a rounding op, an integer cast, a branch near its
-  threshold): their bound still comes from the jitter range (a gross
-  difference fails), and the verdict counts them.
+  threshold, rounding noise through abs): their bound is SPREAD_FACTOR times
+  the whole jitter range (a gross difference still fails), and the verdict
+  counts them.
 - Integer and bool outputs: exact unless jittered runs change them (then the
   same bound, those elements counted as unstable).
 - Non-finite values, per element against float64: where float64 is finite and
@@ -142,6 +143,9 @@ def bound(want, wide, runs) -> Bound:
     allowed = (torch.maximum(scaled, SPREAD_FACTOR * rounding)
                + RELATIVE_FLOOR * eps * torch.where(finite_y, y.abs(), zero) + ZERO_FLOOR * tiny)
     jumps = _jumps(y, deviations, eps) if floating else spread > 0
+    # Where the value is not a smooth function of the rounding (a jump, noise
+    # rectified by abs), the directional runs are one sample: widen them too.
+    allowed = torch.where(jumps, torch.maximum(allowed, SPREAD_FACTOR * spread), allowed)
     return Bound(allowed, jumps | edge, edge, ~finite_y & ~finite_64, spread)
 
 
