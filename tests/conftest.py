@@ -22,6 +22,22 @@ def linear_relu_spec(out_features: int = 4) -> dict:
 
 
 @pytest.fixture
+def while_loop_spec() -> dict:
+    """x[2, 8] -> while_loop(2 iterations of a Linear): what the 1.5.1 emitter cannot emit."""
+    return {
+        "format": FORMAT,
+        "state": {"l0": {"kind": "layer", "type": "Linear", "seed": 1,
+                         "kwargs": {"in_features": 8, "out_features": 8, "bias": True}}},
+        "methods": {"forward": {
+            "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
+            "nodes": [{"id": "v0", "op": "while_loop", "args": ["x"], "attrs": {"iterations": 2},
+                       "bodies": [{"params": ["a0"], "outputs": ["a1"],
+                                   "nodes": [{"id": "a1", "op": "layer", "args": ["a0"], "state": "l0"}]}]}],
+            "outputs": ["v0"]}},
+    }
+
+
+@pytest.fixture
 def tiny_spec() -> dict:
     return linear_relu_spec()
 

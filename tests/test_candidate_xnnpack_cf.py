@@ -245,18 +245,8 @@ def test_stock_is_not_blamed_for_bodies_but_a_claim_is_checked():
     assert not verdict.ok and "scan[0]" in verdict.message
 
 
-def test_while_loop_is_unsupported_not_a_crash():
-    spec = {"format": FORMAT,
-            "state": {"l0": {"kind": "layer", "type": "Linear", "seed": 1,
-                             "kwargs": {"in_features": 8, "out_features": 8, "bias": True}}},
-            "methods": {"forward": {
-                "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
-                "nodes": [{"id": "v0", "op": "while_loop", "args": ["x"], "attrs": {"iterations": 2},
-                           "bodies": [{"params": ["a0"], "outputs": ["a1"],
-                                       "nodes": [{"id": "a1", "op": "layer", "args": ["a0"],
-                                                  "state": "l0"}]}]}],
-                "outputs": ["v0"]}}}
-    lowering = pipeline.lower(builder.build(spec), CF)
+def test_while_loop_is_unsupported_not_a_crash(while_loop_spec):
+    lowering = pipeline.lower(builder.build(while_loop_spec), CF)
     assert lowering.outcome is Outcome.UNSUPPORTED, lowering.error
 
 

@@ -14,20 +14,8 @@ from etprop.commands.report import Summary
 from etprop.lowering import pipeline
 from etprop.oracles.sets import SINGLE_FLOW
 from etprop.program import builder
-from etprop.program.spec import FORMAT
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.session import Session
-
-WHILE_LOOP = {"format": FORMAT,
-              "state": {"l0": {"kind": "layer", "type": "Linear", "seed": 1,
-                               "kwargs": {"in_features": 8, "out_features": 8, "bias": True}}},
-              "methods": {"forward": {
-                  "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
-                  "nodes": [{"id": "v0", "op": "while_loop", "args": ["x"], "attrs": {"iterations": 2},
-                             "bodies": [{"params": ["a0"], "outputs": ["a1"],
-                                         "nodes": [{"id": "a1", "op": "layer", "args": ["a0"], "state": "l0"}]}]}],
-                  "outputs": ["v0"]}}}
-
 
 def _raising_flow(message: str):
     def fail(graph_module):
@@ -37,14 +25,14 @@ def _raising_flow(message: str):
 
 
 @pytest.mark.parametrize("message", ["a dependency cycle between partitions", "while_loop is not supported"])
-def test_a_lowering_error_is_not_classified_by_a_word_in_its_message(tiny_spec, message):
-    spec = WHILE_LOOP if "while_loop" in message else tiny_spec
+def test_a_lowering_error_is_not_classified_by_a_word_in_its_message(tiny_spec, while_loop_spec, message):
+    spec = while_loop_spec if "while_loop" in message else tiny_spec
     lowering = pipeline.lower(builder.build(spec), _raising_flow(message))
     assert lowering.outcome is Outcome.LOWERING_ERROR, lowering.error
 
 
-def test_only_the_emitters_while_loop_limitation_is_unsupported():
-    lowering = pipeline.lower(builder.build(WHILE_LOOP), flows.get("portable"))
+def test_only_the_emitters_while_loop_limitation_is_unsupported(while_loop_spec):
+    lowering = pipeline.lower(builder.build(while_loop_spec), flows.get("portable"))
     assert lowering.outcome is Outcome.UNSUPPORTED, lowering.error
     assert lowering.error.startswith("to_executorch: InternalError")
 
