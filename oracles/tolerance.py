@@ -71,9 +71,17 @@ EDGE_RATIO = 2.0
 #   K = 16 / 256 / 4096 (eager stays at 2.6e-4, one output rounding). Without
 #   this budget the K=4096 case fails (0.023 off where 0.006 is allowed); with
 #   it all three pass.
+# - float32 on the ExecuTorch runtime: XNNPACK's vectorized transcendental
+#   functions are approximations a few ulps from eager's. GroupNorm of
+#   abs(exp(tanh(x))) on small inputs, a nearly constant group, came out
+#   1.5e-5 off at -0.0254 on xnnpack where one-ulp jitter spread 3e-6;
+#   8 ulps per such op covers it.
 BFLOAT16_SUMS = 2.0 ** 16  # bfloat16 eps / float32 eps
 FLOAT16_SUMS = 2.0 ** 13
+TRANSCENDENTAL_ULPS = 8.0
+TRANSCENDENTAL = ("tanh", "exp_bounded", "sigmoid", "silu", "gelu", "elu", "softplus", "softmax", "log_softmax")
 OP_ULPS: dict[tuple[str, str], dict[str, float]] = {
+    ("executorch", "float32"): {op: TRANSCENDENTAL_ULPS for op in TRANSCENDENTAL},
     ("executorch", "bfloat16"): {"sums": BFLOAT16_SUMS},
     ("coreai", "bfloat16"): {"sums": BFLOAT16_SUMS},
     ("coreai", "float16"): {"sums": FLOAT16_SUMS},
