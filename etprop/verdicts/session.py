@@ -199,11 +199,17 @@ class Session:
         result = self._attribute(spec, flows, prop, oracles, self._run(spec, flows, prop, oracles))
         if result.new_failures:
             result = self._confirm(result.spec, flows, prop, oracles, result)
+        # A follow-up (a new failure of the neutralized spec) is confirmed like
+        # any other; one that does not recur stays recorded as nondeterministic
+        # (never retried away), but only a confirmed one fails the property.
+        result.followups = [self._confirm(f.spec, flows, prop, oracles, f) if f.new_failures else f
+                            for f in result.followups]
         self._finish(result, flows)
         for flow_result in result.results:
             _label(f"{flow_result.flow}: {flow_result.outcome.value}"
                   + (f" (known {flow_result.known})" if flow_result.known else ""))
-        failures = result.new_failures or [r for followup in result.followups for r in followup.new_failures]
+        failures = result.new_failures or [r for followup in result.followups for r in followup.new_failures
+                                           if r.outcome is not Outcome.NONDETERMINISTIC]
         if failures:
             self.failed.add(key)
             first = failures[0]
