@@ -234,6 +234,30 @@ def test_multi_output_methods_share_one_runner(multi):
     assert len(runner._loaded) == 2
 
 
+def test_io_names_follow_the_graph_order(split, multi):
+    """The runner binds positional inputs and outputs by the runtime
+    descriptor's name order; it must be the bundle graph's order."""
+    from coreai.authoring import AIModelAsset
+
+    for _, program, runner in (split, multi):
+        for method in sorted(program.methods):
+            inputs = [torch.randn(*spec.shape) for spec in _example_inputs(program, method)]
+            runner.run(method, inputs)
+        widest = 0
+        for (model_hash, function), loaded in runner._functions.items():
+            graph = AIModelAsset.load(runner._bundles[model_hash]).program.get_graph(function)
+            assert loaded.input_names == [attr["coreai.name"].value for attr in graph.arg_attrs]
+            assert loaded.output_names == [attr["coreai.name"].value for attr in graph.res_attrs]
+            widest = max(widest, len(loaded.input_names), len(loaded.output_names))
+        assert widest > 1, "no function here has two inputs or outputs: the order is not tested"
+
+
+def _example_inputs(program, method):
+    return [spec.meta["val"] for spec in program.exported_program(method).graph.nodes
+            if spec.op == "placeholder" and spec.name in
+            program.exported_program(method).graph_signature.user_inputs]
+
+
 def test_tampered_bundle_weight_is_caught(linear):
     """The harness must not pass a broken lowering: negate the Linear weight
     inside the bundle in the .pte and the comparison with eager must fail."""

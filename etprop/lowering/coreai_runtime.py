@@ -114,23 +114,20 @@ def _function_of(manifest: dict) -> str:
     return manifest.get("function", _ENTRYPOINT)
 
 
-def _io_names(asset, function: str = _ENTRYPOINT) -> tuple[list[str], list[str]]:
-    """The bundle graph's argument and result names, in graph order.
+def _io_names(function) -> tuple[list[str], list[str]]:
+    """A loaded function's argument and result names, in graph order.
 
     The runtime takes and returns dicts keyed by these names; the order is
-    what ties them to the delegate's positional inputs and outputs.
+    what ties them to the delegate's positional inputs and outputs. They come
+    from the runtime's function descriptor, not the asset's MLIR graph:
+    reading a multifunction bundle's ``arg_attrs`` segfaults intermittently
+    (finding COREAI-011).
     """
-    graph = asset.program.get_graph(function)
-    if graph is None:
-        raise RuntimeError(f"Core AI bundle at {asset.path} has no '{function}' graph")
-
-    def names(attrs) -> list[str]:
-        found = [attr["coreai.name"].value for attr in attrs]
-        if len(set(found)) != len(found):
-            raise RuntimeError(f"Core AI bundle at {asset.path} repeats an I/O name: {found}")
-        return found
-
-    return names(graph.arg_attrs), names(graph.res_attrs)
+    inputs, outputs = list(function.desc.input_names), list(function.desc.output_names)
+    for names in (inputs, outputs):
+        if len(set(names)) != len(names):
+            raise RuntimeError(f"Core AI function '{function.desc.name}' repeats an I/O name: {names}")
+    return inputs, outputs
 
 
 def _to_torch(array) -> torch.Tensor:
@@ -268,9 +265,8 @@ class CoreAIProgram:
                     return await self._stack.enter_async_context(asset.executable())
 
                 self._loaded[model_hash] = _Bundle(asset, self._run_async(enter()))
-            bundle = self._loaded[model_hash]
-            inputs, outputs = _io_names(bundle.asset, function)
-            self._functions[(model_hash, function)] = _Loaded(bundle.model.load_function(function), inputs, outputs)
+            loaded = self._loaded[model_hash].model.load_function(function)
+            self._functions[(model_hash, function)] = _Loaded(loaded, *_io_names(loaded))
         return self._functions[(model_hash, function)]
 
     # Execution -------------------------------------------------------------
