@@ -157,6 +157,28 @@ def multi():
     runner.close()
 
 
+class ParameterOnCpu(nn.Module):
+    """A delegated Linear beside a parameter that only a CPU op (elu) reads:
+    the parameter is a constant of the .pte itself, not of a bundle."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.p = nn.Parameter(torch.tensor([0.75, -1.5, 2.25]))
+
+    def forward(self, x):
+        return torch.nn.functional.elu(self.p) * self.fc(x)
+
+
+@pytest.fixture()
+def parameter_on_cpu():
+    """Lowered afresh for each test: these tests tamper with it."""
+    torch.manual_seed(4)
+    module = ParameterOnCpu().eval()
+    program = lower({"forward": (module, (torch.randn(2, 4),))})
+    return module, program
+
+
 def test_flow_is_registered_with_its_recipe():
     assert FLOW.runtime == "coreai"
     assert FLOW.baseline == "portable"
@@ -530,3 +552,53 @@ def test_method_with_a_buffer_written_back_in_graph_returns_its_user_outputs():
     assert lowering.ok, lowering.error
     verdict = equivalence.check(lowering)
     assert verdict.ok, verdict.message
+
+
+def _replace_once(data: bytes, old: bytes, new: bytes) -> bytes:
+    assert len(old) == len(new) and data.count(old) == 1, f"{data.count(old)} copies of the pattern in the .pte"
+    return data.replace(old, new)
+
+
+def test_a_constant_tampered_in_the_pte_changes_the_result(parameter_on_cpu):
+    """The graph around the delegates reads its parameters from the .pte: the
+    same bytes negated there (and only there) must change the output."""
+    module, program = parameter_on_cpu
+    x = torch.randn(2, 4)
+    pte = bytes(program.buffer)
+    with CoreAIProgram(program, pte=pte) as runner:
+        assert_matches(runner.run("forward", [x]), module(x))
+    tampered = _replace_once(pte, module.p.detach().numpy().tobytes(), (-module.p.detach()).numpy().tobytes())
+    with CoreAIProgram(program, pte=tampered) as runner:
+        got = runner.run("forward", [x])[0]
+    assert not torch.allclose(got, module(x), atol=1e-2)
+
+
+def test_a_manifest_tampered_in_the_pte_is_what_runs(parameter_on_cpu):
+    """Delegates are bound through the manifest the .pte carries: point it at
+    another bundle and loading fails, though memory still holds the right one."""
+    module, program = parameter_on_cpu
+    (lowered,) = coreai_delegates(program).values()
+    real_hash = json.loads(bytes(lowered.processed_bytes))["hash"]
+    pte = bytes(program.buffer)
+    manifest = bytes(lowered.processed_bytes)
+    wrong = manifest.replace(real_hash.encode(), b"0" * len(real_hash))
+    with CoreAIProgram(program, pte=_replace_once(pte, manifest, wrong)) as runner:
+        with pytest.raises(RuntimeError, match="missing from the program's named data"):
+            runner.run("forward", [torch.randn(2, 4)])
+
+
+def test_tampering_with_the_program_in_memory_changes_nothing(parameter_on_cpu):
+    """What runs is what ships: negating the parameter in the in-memory program
+    and breaking its in-memory manifests leaves the result unchanged."""
+    module, program = parameter_on_cpu
+    x = torch.randn(2, 4)
+    want = module(x)
+    pte = bytes(program.buffer)
+    ep = program.exported_program("forward")
+    (target,) = [spec.target for spec in ep.graph_signature.input_specs if spec.kind.name == "PARAMETER"]
+    with torch.no_grad():
+        ep.state_dict[target].neg_()
+    for lowered in coreai_delegates(program).values():
+        lowered._processed_bytes = b"{}"
+    with CoreAIProgram(program, pte=pte) as runner:
+        assert_matches(runner.run("forward", [x]), want)

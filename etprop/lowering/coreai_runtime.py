@@ -148,6 +148,66 @@ def _initial(ep, target: str) -> torch.Tensor:
     return source[target].clone()
 
 
+_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
+                 5: torch.float16, 6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16}
+
+
+def _shipped_tensor(value, buffers, where: str) -> torch.Tensor:
+    """A serialized ExecuTorch tensor (``schema.Tensor``) rebuilt from its
+    bytes, honoring its dim order."""
+    dtype = _SCALAR_TYPES.get(int(value.scalar_type))
+    if dtype is None:
+        raise RuntimeError(f"{where}: scalar type {value.scalar_type} is not readable here")
+    if not value.data_buffer_idx or buffers is None or value.data_buffer_idx >= len(buffers):
+        raise RuntimeError(f"{where}: the .pte holds no data for it (data_buffer_idx {value.data_buffer_idx})")
+    order = list(value.dim_order) or list(range(len(value.sizes)))
+    physical = [value.sizes[d] for d in order]
+    count = 1
+    for size in physical:
+        count *= size
+    raw = bytearray(bytes(buffers[value.data_buffer_idx].storage))
+    flat = torch.frombuffer(raw, dtype=dtype) if raw else torch.empty(0, dtype=dtype)
+    if flat.numel() < count:
+        raise RuntimeError(f"{where}: {flat.numel()} serialized elements for shape {list(value.sizes)}")
+    inverse = sorted(range(len(order)), key=order.__getitem__)
+    return flat[:count].reshape(physical).permute(inverse).contiguous()
+
+
+class _ShippedMethod:
+    """One method as the .pte ships it: the processed bytes of its delegates
+    (emission order) and the initial value of each graph placeholder that is
+    not a user input (the emitter gives the i-th placeholder value index i)."""
+
+    def __init__(self, pte_file, method: str):
+        program = pte_file.program
+        plans = {plan.name: plan for plan in program.execution_plan}
+        if method not in plans:
+            raise RuntimeError(f"the .pte has no method '{method}' (it has {sorted(plans)})")
+        plan = plans[method]
+        self.method = method
+        self.plan = plan
+        self.delegates = [(d.id, bytes(program.backend_delegate_data[d.processed.index].data))
+                          for d in plan.delegates]
+        self._constants = program.constant_buffer
+        self._mutable = pte_file.mutable_data
+
+    def placeholder(self, index: int, name: str, expected: torch.Tensor) -> torch.Tensor:
+        """The serialized initial value of placeholder ``index``; its shape and
+        dtype must be the lowered graph's, or the .pte is not this program."""
+        from executorch.exir.schema import Tensor as SerializedTensor
+
+        where = f"method '{self.method}', input '{name}'"
+        if index >= len(self.plan.values) or not isinstance(self.plan.values[index].val, SerializedTensor):
+            raise RuntimeError(f"{where}: the .pte has no tensor at value {index}")
+        value = self.plan.values[index].val
+        mutable = value.allocation_info is not None
+        tensor = _shipped_tensor(value, self._mutable if mutable else self._constants, where)
+        if tensor.shape != expected.shape or tensor.dtype != expected.dtype:
+            raise RuntimeError(f"{where}: the .pte holds {tuple(tensor.shape)} {tensor.dtype}, the lowered "
+                               f"program {tuple(expected.shape)} {expected.dtype}")
+        return tensor
+
+
 class CoreAIProgram:
     """Runs every method of an ``ExecutorchProgramManager`` with Core AI delegates.
 
@@ -160,6 +220,12 @@ class CoreAIProgram:
     scalar ops), and all of it runs as plain Python/ATen. ``memory.alloc`` makes
     a fresh tensor, so aliasing from memory planning is not reproduced; the
     portable flow's run in the real runtime covers that.
+
+    What ships is what runs: each delegate call's manifest, the bundle files
+    and the initial value of every parameter, buffer and constant the graph
+    reads come from the serialized .pte (``pte``, else the program's buffer),
+    so a serialization defect shows. The graph's structure, and the initial
+    value of a buffer a delegate itself mutates, still come from memory.
 
     Bundles are written once per program into a private temp dir, keyed by
     their manifest hash (delegates with one hash share one bundle), loaded
@@ -188,6 +254,8 @@ class CoreAIProgram:
         self._functions: dict[tuple[str, str], _Loaded] = {}
         self._loop: Optional[asyncio.AbstractEventLoop] = None
         self._stack: Optional[contextlib.AsyncExitStack] = None
+        self._pte_file = None
+        self._shipped: dict[str, tuple[_ShippedMethod, dict]] = {}
 
     def __enter__(self) -> "CoreAIProgram":
         return self
@@ -269,9 +337,40 @@ class CoreAIProgram:
             self._functions[(model_hash, function)] = _Loaded(loaded, *_io_names(loaded))
         return self._functions[(model_hash, function)]
 
+    # What ships -------------------------------------------------------------
+
+    def shipped(self, method: str) -> tuple[_ShippedMethod, dict]:
+        """The serialized method, and for each delegate call node of the lowered
+        graph (control-flow bodies included, in emission order) the manifest
+        its serialized delegate carries."""
+        if method not in self._shipped:
+            from executorch.exir._serialize._program import deserialize_pte_binary
+
+            if self._pte_file is None:
+                self._pte_file = deserialize_pte_binary(self._pte if self._pte is not None
+                                                        else self._program.buffer)
+            shipped = _ShippedMethod(self._pte_file, method)
+            calls = _delegate_calls(self._program.exported_program(method).graph_module)
+            if len(calls) != len(shipped.delegates):
+                raise RuntimeError(f"method '{method}': the lowered graph calls {len(calls)} delegates, "
+                                   f"the .pte has {len(shipped.delegates)}")
+            manifests = {}
+            for (node, lowered), (backend_id, processed) in zip(calls, shipped.delegates):
+                if backend_id != lowered.backend_id:
+                    raise RuntimeError(f"method '{method}': delegate call {node.name} is {lowered.backend_id} "
+                                       f"in the lowered graph, {backend_id} in the .pte")
+                if backend_id == COREAI_BACKEND_ID:
+                    try:
+                        manifests[node] = json.loads(processed.decode("utf-8"))
+                    except ValueError as exc:
+                        raise RuntimeError(f"method '{method}': the .pte's Core AI manifest for "
+                                           f"{node.name} is not JSON ({exc})") from None
+            self._shipped[method] = (shipped, manifests)
+        return self._shipped[method]
+
     # Execution -------------------------------------------------------------
 
-    def call_delegate(self, lowered, args: Sequence[Any], state: dict) -> tuple:
+    def call_delegate(self, lowered, args: Sequence[Any], state: dict, manifest: Optional[dict] = None) -> tuple:
         """Run one Core AI delegate on positional ``args``; returns its outputs.
 
         The bundle's graph takes the delegate program's user inputs plus the
@@ -285,7 +384,7 @@ class CoreAIProgram:
 
         if getattr(lowered, "backend_id", None) != COREAI_BACKEND_ID:
             raise NotImplementedError(f"delegate backend '{lowered.backend_id}' cannot run in CoreAIProgram")
-        loaded = self._load(_manifest(lowered))
+        loaded = self._load(manifest if manifest is not None else _manifest(lowered))
         sub = lowered.original_module
         signature = sub.graph_signature
         mutated = set(signature.buffers_to_mutate.values())
@@ -322,18 +421,20 @@ class CoreAIProgram:
 
         ep = self._program.exported_program(method)
         signature = ep.graph_signature
+        shipped, manifests = self.shipped(method)
         user = iter(inputs)
         values = []
-        for spec in signature.input_specs:
+        for index, spec in enumerate(signature.input_specs):
             if spec.kind == InputKind.USER_INPUT:
                 values.append(next(user))
-            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER):
-                values.append(_initial(ep, spec.target))
-            elif spec.kind in (InputKind.CONSTANT_TENSOR, InputKind.CUSTOM_OBJ):
+            elif spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR):
+                source = ep.state_dict if spec.target in ep.state_dict else ep.constants
+                values.append(shipped.placeholder(index, spec.arg.name, source[spec.target]))
+            elif spec.kind == InputKind.CUSTOM_OBJ:
                 values.append(ep.constants[spec.target])
             else:
                 raise NotImplementedError(f"input kind {spec.kind} in method '{method}'")
-        outputs = list(_Interpreter(ep.graph_module, self).run(*values))
+        outputs = list(_Interpreter(ep.graph_module, self, manifests).run(*values))
         user_specs = [spec.kind == OutputKind.USER_OUTPUT for spec in signature.output_specs]
         if len(outputs) == len(user_specs):
             outputs = [value for value, is_user in zip(outputs, user_specs) if is_user]
@@ -351,12 +452,39 @@ class CoreAIProgram:
 class _Interpreter(torch.fx.Interpreter):
     """Runs ExecuTorch-dialect nodes eagerly, delegates through the owner."""
 
-    def __init__(self, gm: torch.fx.GraphModule, owner: CoreAIProgram):
+    def __init__(self, gm: torch.fx.GraphModule, owner: CoreAIProgram, manifests: dict):
         super().__init__(gm, garbage_collect_values=True)
         self._owner = owner
+        self._manifests = manifests
         self._state: dict = {}
+        self._node: Optional[torch.fx.Node] = None
+
+    def run_node(self, n: torch.fx.Node):
+        self._node = n
+        return super().run_node(n)
 
     def call_function(self, target, args, kwargs):
         if target is torch.ops.higher_order.executorch_call_delegate:
-            return self._owner.call_delegate(args[0], args[1:], self._state)
+            if self._node not in self._manifests:
+                raise RuntimeError(f"delegate call {self._node.name} has no manifest in the .pte")
+            return self._owner.call_delegate(args[0], args[1:], self._state, self._manifests[self._node])
         return super().call_function(target, args, kwargs)
+
+
+def _delegate_calls(gm: torch.fx.GraphModule) -> list[tuple[torch.fx.Node, Any]]:
+    """Every ``executorch_call_delegate`` node with its lowered module, in the
+    order the emitter serializes them: graph order, control-flow bodies (their
+    submodules, in argument order) where they are called."""
+    calls = []
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        if node.target is torch.ops.higher_order.executorch_call_delegate:
+            calls.append((node, getattr(gm, node.args[0].target)))
+            continue
+        for arg in node.args:
+            if isinstance(arg, torch.fx.Node) and arg.op == "get_attr":
+                sub = getattr(gm, arg.target)
+                if isinstance(sub, torch.fx.GraphModule):
+                    calls.extend(_delegate_calls(sub))
+    return calls
