@@ -7,6 +7,7 @@ ends as one line on stderr naming the fix, and exit code 2.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -27,6 +28,15 @@ def cmd_flows(args) -> int:
 def cmd_repro(args) -> int:
     from etprop.commands.replay import replay_file
 
+    if args.check:
+        from etprop.program.spec import count_ops
+        from etprop.verdicts import repro
+
+        record = repro.read(args.file)
+        print(f"{args.file}: a valid {repro.FORMAT} file: property {record['property']}, flows "
+              f"{', '.join(record['flows'])}, {len(record['spec']['methods'])} method(s), "
+              f"{count_ops(record['spec'])} node(s)")
+        return 0
     if args.standalone:
         from etprop import flows
         from etprop.verdicts import repro
@@ -76,7 +86,11 @@ def _add_common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--artifacts", default="artifacts",
                         help="directory for repros, results and reports (default: artifacts)")
     parser.add_argument("--flow-module", action="append", default=[],
-                        help="a .py file or module that registers extra flows (repeatable)")
+                        help="a .py file or module that registers extra flows (repeatable); "
+                             "it is Python and runs as such: load only modules you trust")
+    parser.add_argument("--limit", action="append", default=[], metavar="NAME=N",
+                        help="raise a size limit for specs read from files (repeatable; "
+                             "see docs/spec-format.md)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -109,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="instead of replaying, write a script that lowers and judges the program with "
                         "torch and executorch alone (for an upstream issue)")
     p.add_argument("--flow", help="with --standalone: the flow the script lowers (default: the repro's last)")
+    p.add_argument("--check", action="store_true",
+                   help="only validate the file (schema, names, sizes, shapes); build and run nothing")
     p.set_defaults(func=cmd_repro)
 
     p = sub.add_parser("shrink", help="shrink a repro file to the smallest spec that fails the same way")
@@ -137,9 +153,20 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _apply_limits(items: list[str]) -> None:
+    """--limit NAME=N: through ETPROP_LIMITS, so pytest rounds and workers see it too."""
+    from etprop.program import limits
+
+    merged = [part for part in os.environ.get("ETPROP_LIMITS", "").split(",") if part] + items
+    os.environ["ETPROP_LIMITS"] = ",".join(merged)
+    limits.current()
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        if getattr(args, "limit", None):
+            _apply_limits(args.limit)
         if getattr(args, "flow_module", None):
             from etprop import flows
 

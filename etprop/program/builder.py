@@ -665,6 +665,51 @@ class _MethodView(torch.nn.Module):
 _REGISTERED: collections.deque = collections.deque()
 
 
+_SHAPE_CHECK_FILE = "<etprop shape check>"
+# Errors that say the meta device cannot decide, not that the program is wrong:
+# a data-dependent branch (cond on a value), an op without a meta kernel, the
+# tracing of control-flow bodies (dynamo) giving up.
+_UNDECIDABLE = ("cannot be called on meta tensors", "data-dependent", "meta tensor", "Meta")
+
+
+def check_shapes(spec: dict) -> None:
+    """Run the program on the meta device (shapes and dtypes only, nothing
+    allocated) and raise SpecError naming the node whose operands do not fit.
+    For specs from files, after ``spec.validate`` (names are safe to render,
+    sizes within the limits). Programs whose control flow branches on values
+    cannot be decided this way; they are left to the build."""
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
+
+    source = render_source(spec)
+    namespace: dict = {}
+    exec(compile(source, _SHAPE_CHECK_FILE, "exec"), namespace)
+    dtypes = namespace["DTYPES"]
+    lines = source.splitlines()
+    try:
+        with torch.device("meta"), torch.no_grad():
+            module = namespace["Program"]().eval()
+            for method, body in spec["methods"].items():
+                inputs = [torch.empty(inp["shape"], dtype=dtypes[inp.get("dtype", "float32")])
+                          for inp in body["inputs"]]
+                getattr(module, method)(*inputs)
+    except (NotImplementedError, GuardOnDataDependentSymNode):
+        return
+    except Exception as exc:  # the program's own error: a shape, dtype or argument that does not fit
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        if (isinstance(exc, AssertionError) or any(marker in str(exc) for marker in _UNDECIDABLE)
+                or type(exc).__module__.startswith(("torch._dynamo", "torch._higher_order_ops"))):
+            return
+        where = "the program"
+        frame = exc.__traceback__
+        while frame is not None:
+            if frame.tb_frame.f_code.co_filename == _SHAPE_CHECK_FILE:
+                line = lines[frame.tb_lineno - 1].strip()
+                where = f"'{line.split(' = ')[0]}' ({line[:80]})" if " = " in line else f"'{line[:80]}'"
+            frame = frame.tb_next
+        raise specmod.SpecError(f"the program does not fit together at {where}: "
+                                f"{type(exc).__name__}: {text[:200]}") from None
+
+
 def build(spec: dict, validate: bool = True) -> BuiltProgram:
     """Spec → module (in eval mode) with its generated source."""
     if validate:

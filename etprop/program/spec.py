@@ -24,20 +24,18 @@ unit of shrinking, deduplication and reproduction.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import keyword
 from typing import Any, Iterator
 
 from etprop.errors import UsageError
 from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS
 
 FORMAT = "etprop-spec/1"
-STATE_KINDS = ("layer", "weight", "parameter", "buffer", "constant")
-LAYER_TYPES = ("Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d",
-               "LayerNorm", "BatchNorm1d", "BatchNorm2d", "GroupNorm")
-PARAMETRIZATIONS = ("weight_norm", "spectral_norm", "scale", "add_delta", "low_rank",
-                    "transpose", "reshape", "buffer_scale")
-DTYPES = ("float32", "float16", "bfloat16")
+# The published JSON Schema (etprop/program/schemas, shipped with the package).
+SCHEMA = "etprop-spec-1.schema.json"
 
 
 class SpecError(UsageError):
@@ -82,63 +80,107 @@ def _require(cond: Any, message: str) -> None:
         raise SpecError(message)
 
 
+# Names the generated source defines or imports: a spec name equal to one
+# would shadow it (never run code, but fail in confusing ways).
+_RESERVED = {"self", "torch", "nn", "F", "parametrize", "parametrizations", "hop_map", "hop_scan",
+             "hop_while_loop", "DTYPES", "Program", "INPUTS", "make_input", "step", "carried"}
+# Integer attributes that drive Python-level work when the program is built
+# (a list of slices, loop trips, power iterations): bounded so a spec cannot hang.
+_BOUNDED_INTS = {"dim": 8, "iterations": 64, "n_power_iterations": 64}
+_HOW = ("add", "mul", "copy")
+
+
+def _check_name(where: str, name: str) -> None:
+    _require(not keyword.iskeyword(name) and name not in _RESERVED,
+             f"{where}: name '{name}' is reserved (a Python keyword or a name the generated program uses)")
+
+
 def _check_body(where: str, body: dict, defined: set[str], state: dict) -> None:
     defined = set(defined)
     for node in body["nodes"]:
-        _require(isinstance(node, dict) and "id" in node and "op" in node,
-                 f"{where}: every node needs an 'id' and an 'op'")
-        op = node["op"]
+        node_id, op = node["id"], node["op"]
+        _check_name(where, node_id)
+        _require(node_id not in defined, f"{where}: '{node_id}' is defined twice")
         _require(op in OPS or op in CONTROL_FLOW_OPS,
-                 f"{where}: node {node['id']} has unknown op '{op}'; known ops: "
+                 f"{where}: node {node_id} has unknown op '{op}'; known ops: "
                  f"{', '.join(sorted(OPS) + list(CONTROL_FLOW_OPS))}")
         for arg in node.get("args", []):
-            _require(arg in defined, f"{where}: node {node['id']} reads '{arg}' before it is defined")
+            _require(arg in defined, f"{where}: node {node_id} reads '{arg}' before it is defined")
         for key in ("state", "bias_state"):
             ref = node.get(key) or node.get("attrs", {}).get(key)
-            _require(ref is None or ref in state,
-                     f"{where}: node {node['id']} uses unknown state '{ref}'")
+            _require(ref is None or ref in state, f"{where}: node {node_id} uses unknown state '{ref}'")
+        attrs = node.get("attrs", {})
+        for key, bound in _BOUNDED_INTS.items():
+            value = attrs.get(key)
+            if isinstance(value, int) and not isinstance(value, bool):
+                _require(abs(value) <= bound, f"{where}: node {node_id} has {key}={value}, beyond {bound}")
+        if op == "buffer_update":
+            _require(attrs.get("how") in _HOW, f"{where}: node {node_id} updates its buffer by "
+                                               f"{attrs.get('how')!r}; expected one of {_HOW}")
         if op in CONTROL_FLOW_OPS:
             bodies = node.get("bodies")
             _require(isinstance(bodies, list) and bodies,
-                     f"{where}: control-flow node {node['id']} needs 'bodies'")
+                     f"{where}: control-flow node {node_id} needs 'bodies'")
             for index, sub in enumerate(bodies):
-                _check_body(f"{where}/{node['id']}[{index}]", sub, set(sub.get("params", [])), state)
-        defined.add(node["id"])
+                for param in sub.get("params", []):
+                    _check_name(f"{where}/{node_id}[{index}]", param)
+                _check_body(f"{where}/{node_id}[{index}]", sub, set(sub.get("params", [])), state)
+        defined.add(node_id)
     for out in body["outputs"]:
         _require(out in defined, f"{where}: output '{out}' is not defined")
 
 
-def validate(spec: Any) -> None:
-    """Raise SpecError naming the first problem; a valid spec passes silently."""
+@functools.lru_cache(maxsize=None)
+def _validator(name: str):
+    """A jsonschema validator for a schema shipped in etprop/program/schemas."""
+    import importlib.resources
+
+    from jsonschema import Draft202012Validator
+    from referencing import Registry, Resource
+
+    folder = importlib.resources.files("etprop.program") / "schemas"
+    schemas = {entry.name: json.loads(entry.read_text()) for entry in folder.iterdir()
+               if entry.name.endswith(".schema.json")}
+    registry = Registry().with_resources(
+        (schema["$id"], Resource.from_contents(schema)) for schema in schemas.values())
+    return Draft202012Validator(schemas[name], registry=registry)
+
+
+def check_schema(document: Any, schema: str) -> None:
+    """Raise SpecError with the most relevant schema violation, as one line."""
+    from jsonschema.exceptions import best_match
+
+    error = best_match(_validator(schema).iter_errors(document))
+    if error is not None:
+        where = "/".join(str(part) for part in error.absolute_path) or "the document"
+        message = " ".join(error.message.split())
+        if len(message) > 200:
+            message = message[:200] + "..."
+        raise SpecError(f"{where}: {message} (schema {schema})")
+
+
+def validate(spec: Any, limits: dict | None = None) -> None:
+    """Raise SpecError (or LimitExceeded) naming the first problem: the
+    published schema, then what a schema cannot say (names defined before
+    use, state that exists, known ops), then the size limits."""
+    from etprop.program import limits as size_limits
+
     _require(isinstance(spec, dict), "a spec must be a JSON object")
     _require(spec.get("format") == FORMAT,
              f"spec format is {spec.get('format')!r}, this etprop reads {FORMAT!r}; "
              "re-create the repro with this etprop version")
-    _require(spec.get("dtype", "float32") in DTYPES,
-             f"spec dtype {spec.get('dtype')!r} is not one of {DTYPES}")
-    state = spec.get("state", {})
-    _require(isinstance(state, dict), "'state' must be an object")
+    check_schema(spec, SCHEMA)
+    state = spec["state"]
     for name, entry in state.items():
-        _require(name.isidentifier(), f"state name {name!r} is not a Python identifier")
-        _require(entry.get("kind") in STATE_KINDS,
-                 f"state '{name}' has kind {entry.get('kind')!r}; expected one of {STATE_KINDS}")
-        if entry["kind"] == "layer":
-            _require(entry.get("type") in LAYER_TYPES,
-                     f"layer '{name}' has unknown type {entry.get('type')!r}")
-        for p in entry.get("parametrizations", []):
-            _require(p.get("type") in PARAMETRIZATIONS,
-                     f"state '{name}' has unknown parametrization {p.get('type')!r}")
-    methods = spec.get("methods")
-    _require(isinstance(methods, dict) and methods, "a spec needs at least one method")
-    for mname, body in methods.items():
-        _require(mname.isidentifier(), f"method name {mname!r} is not a Python identifier")
-        inputs = body.get("inputs", [])
-        for inp in inputs:
-            _require(inp.get("dtype", "float32") in DTYPES,
-                     f"method {mname}: input {inp.get('name')} has unsupported dtype {inp.get('dtype')!r}")
-        _require(isinstance(body.get("nodes"), list) and isinstance(body.get("outputs"), list)
-                 and body["outputs"], f"method {mname} needs 'nodes' and at least one output")
-        _check_body(mname, body, {i["name"] for i in inputs}, state)
+        _check_name("state", name)
+    for mname, body in spec["methods"].items():
+        _check_name("methods", mname)
+        names = [inp["name"] for inp in body["inputs"]]
+        _require(len(set(names)) == len(names), f"method {mname}: two inputs share a name")
+        for name in names:
+            _check_name(f"method {mname}", name)
+        _check_body(mname, body, set(names), state)
+    size_limits.check(spec, limits)
 
 
 def count_ops(spec: dict) -> int:

@@ -1,7 +1,10 @@
 """Repro files: a failing example as data (JSON) and as a standalone script.
 
 The JSON holds the spec, the flow and the property, plus the versions that
-produced it; ``etprop repro FILE`` replays it. The script is the builder's
+produced it; ``etprop repro FILE`` replays it. A repro file is untrusted input
+(it travels between machines and is edited by hand): ``read`` checks it
+against the published schema, the spec's semantics and size limits, and its
+shapes on the meta device, before anything is built. The script is the builder's
 generated program source followed by the flow's lowering recipe and an eager
 comparison, runnable with torch and executorch alone for stock flows.
 Writes are atomic (temp file + rename) so a crash never leaves half a file.
@@ -16,10 +19,12 @@ from pathlib import Path
 from typing import Optional
 
 from etprop.program import spec as specmod
-from etprop.program.builder import render_source
+from etprop.program.builder import check_shapes, render_source
 from etprop.errors import UsageError
 
 FORMAT = "etprop-repro/1"
+# The published JSON Schema of repro files (etprop/program/schemas).
+SCHEMA = "etprop-repro-1.schema.json"
 
 
 def versions() -> dict:
@@ -73,10 +78,12 @@ def read(path: str | Path) -> dict:
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise UsageError(f"'{path}' is not an etprop repro (format {record.get('format') if isinstance(record, dict) else None!r}, "
                          f"expected {FORMAT!r})")
-    for key in ("spec", "flows", "property"):
-        if key not in record:
-            raise UsageError(f"repro file '{path}' lacks '{key}'; it was not written by etprop")
-    specmod.validate(record["spec"])
+    try:
+        specmod.check_schema(record, SCHEMA)
+        specmod.validate(record["spec"])
+        check_shapes(record["spec"])
+    except UsageError as exc:
+        raise type(exc)(f"repro file '{path}': {exc}") from None
     return record
 
 
