@@ -50,7 +50,7 @@ def test_every_family_draws_exportable_programs(family):
     (lambda s: s["methods"]["forward"]["nodes"][0].update(op="frobnicate"), "unknown op 'frobnicate'"),
     (lambda s: s["methods"]["forward"]["nodes"][1].update(args=["nowhere"]), "reads 'nowhere' before"),
     (lambda s: s["methods"]["forward"]["nodes"][0].update(state="missing"), "unknown state 'missing'"),
-    (lambda s: s["methods"]["forward"].update(outputs=[]), "at least one output"),
+    (lambda s: s["methods"]["forward"].update(outputs=[]), "outputs: \\[\\] should be non-empty"),
 ])
 def test_invalid_specs_name_the_problem(tiny_spec, mutate, message):
     mutate(tiny_spec)
