@@ -5,7 +5,7 @@ torch allocate 160 GB before anything could refuse it. Every spec loaded from
 a file is measured against these limits before anything is built. The
 defaults sit far above what the strategies draw (tests/test_spec_input.py
 checks that) and far below what a 2-CPU CI machine can hold; raise one with
-``etprop --limit NAME=N`` or ``ETPROP_LIMITS="NAME=N,..."``.
+``--limit NAME=N`` on any etprop command or ``ETPROP_LIMITS="NAME=N,..."``.
 """
 
 from __future__ import annotations
