@@ -261,3 +261,37 @@ def test_the_schema_ships_with_the_package():
     assert {specmod.SCHEMA, repro.SCHEMA} <= names
     with pytest.raises(UsageError, match="is a required property"):
         specmod.check_schema({"format": specmod.FORMAT}, specmod.SCHEMA)
+
+
+def test_a_corrupt_database_entry_is_skipped_and_reported(tmp_path):
+    """A shared database whose entries are junk: undecodable ones are
+    skipped with a warning, decodable junk replays through the strategy (so
+    it can only yield valid specs); the test runs to the end."""
+    from hypothesis.database import ExampleDatabase
+
+    from etprop.commands.database import ScreenedDatabase, UndecodableEntry, open_database
+    from etprop.strategies.programs import programs
+
+    class Junk(ExampleDatabase):
+        def fetch(self, key):
+            yield from (b"\xff\xff\xff\xff", bytes(range(256)), b"\x1f", b"")
+
+        def save(self, key, value):
+            pass
+
+        def delete(self, key, value):
+            pass
+
+    assert isinstance(open_database(str(tmp_path / "db"), None, tmp_path), ScreenedDatabase)
+    database = ScreenedDatabase(Junk())
+    seen = []
+
+    @settings(max_examples=5, deadline=None, database=database, suppress_health_check=list(HealthCheck))
+    @given(programs(min_nodes=2, max_nodes=6))
+    def drawn(spec):
+        specmod.validate(spec)
+        seen.append(spec)
+
+    with pytest.warns(UndecodableEntry, match="skipped 2 entries that do not decode"):
+        drawn()
+    assert seen and database.skipped >= 2
