@@ -190,3 +190,26 @@ def test_inlined_control_flow_computes_the_same_values():
         inputs = original.inputs(method)
         for want, got in zip(original.eager(method, inputs), rewritten.eager(method, inputs)):
             torch.testing.assert_close(got, want)
+
+
+def test_a_neutralized_spec_that_does_not_export_leaves_the_failure_new(session, monkeypatch):
+    """No evidence, no attribution: when the neutralized program cannot even
+    be exported, the failure stays new, and no export error (a generator
+    defect) is recorded for a spec etprop derived rather than drew."""
+    from etprop.lowering import pipeline
+
+    flow_name, spec = BROAD["XNN-001"]
+    original = pipeline.export_program
+
+    def export_program(built):
+        if built.spec != spec:
+            raise pipeline.ExportFailed("torch.export rejected the neutralized program (planted)")
+        return original(built)
+
+    monkeypatch.setattr(pipeline, "export_program", export_program)
+    result = session.run(spec, [flows.get(flow_name)], "mixed", SINGLE_FLOW, attribute=True)
+    (flow_result,) = result.results
+    assert flow_result.outcome.is_failure and flow_result.known is None
+    recorded = [json.loads(line) for path in (session.artifacts.root / "results").glob("*.jsonl")
+                for line in path.read_text().splitlines()]
+    assert recorded and all(flow["outcome"] != "export error" for line in recorded for flow in line["flows"])

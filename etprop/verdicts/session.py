@@ -84,8 +84,10 @@ class Session:
         for example in [result] + result.followups:
             finish(example, [f.name for f in flows], self.artifacts)
 
-    def _run(self, spec, flows, prop, oracles, worker=None) -> ExampleResult:
-        """One run, not yet recorded (the pending file stays until ``finish``)."""
+    def _run(self, spec, flows, prop, oracles, worker=None, record_export_failure: bool = True) -> ExampleResult:
+        """One run, not yet recorded (the pending file stays until ``finish``).
+        An export failure is recorded as a generator defect unless
+        ``record_export_failure`` is False (a spec etprop derived, not drew)."""
         names = [f.name for f in flows]
         try:
             if not self.isolated:
@@ -101,7 +103,8 @@ class Session:
             except WorkerDied as died:
                 return self._died(spec, names, prop, died)
         except ExportFailed as exc:
-            self._record_all(spec, names, prop, Outcome.EXPORT_ERROR, "generator", str(exc))
+            if record_export_failure:
+                self._record_all(spec, names, prop, Outcome.EXPORT_ERROR, "generator", str(exc))
             raise
         except RuntimeError as exc:
             self._record_all(spec, names, prop, Outcome.INTERNAL_ERROR, "etprop", str(exc))
@@ -145,9 +148,14 @@ class Session:
             return result
         _label("attribution: neutralized " + ", ".join(f.id for f in findings))
         try:
-            again = self._attribute(neutral, flows, prop, oracles, self._run(neutral, flows, prop, oracles),
+            again = self._attribute(neutral, flows, prop, oracles,
+                                    self._run(neutral, flows, prop, oracles, record_export_failure=False),
                                     depth + 1)
         except ExportFailed:
+            # The neutralization made a program torch.export rejects: no
+            # evidence either way, so the failure stays unattributed (new).
+            _label("attribution: the neutralized spec does not export")
+            self.artifacts.pending_path(neutral, prop).unlink(missing_ok=True)
             return result
         for index, flow_result in enumerate(result.results):
             found = nominated.get(flow_result.flow)
