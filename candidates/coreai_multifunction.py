@@ -290,24 +290,9 @@ def _compile_config():
 
 
 # Standalone repro scripts have no context hook: partitioners() installs the
-# add-on for the rest of the (short-lived) script. The script hands make_runner
-# only the edge manager, whose to_executorch cannot run twice, so the recipe
-# keeps the ExecuTorch manager the script makes (CoreAIProgram interprets it).
+# add-on for the rest of the (short-lived) script.
 MULTIFUNCTION_RECIPE = """
 _hook = []
-_programs = []
-
-
-def _remember_programs():
-    from executorch.exir import EdgeProgramManager
-
-    original = EdgeProgramManager.to_executorch
-
-    def to_executorch(self, *args, **kwargs):
-        _programs.append(original(self, *args, **kwargs))
-        return _programs[-1]
-
-    EdgeProgramManager.to_executorch = to_executorch
 
 
 def partitioners():
@@ -317,13 +302,10 @@ def partitioners():
     if upstream_has_multifunction():
         from executorch.backends.apple.coreai import CoreAIPartitioner
 
-        if not _programs:
-            _remember_programs()
         return [CoreAIPartitioner(multifunction=True)]
     if not _hook:
         _hook.append(install_multifunction())
         _hook[0].__enter__()
-        _remember_programs()
     return [CoreAIMultifunctionPartitioner(multifunction=True)]
 
 
@@ -339,10 +321,10 @@ def compile_config():
     return get_default_compile_config()
 
 
-def make_runner(pte, edge):
+def make_runner(pte, program):
     from etprop.lowering.coreai_runtime import CoreAIProgram
 
-    runner = CoreAIProgram(_programs[-1], pte)
+    runner = CoreAIProgram(program, pte)
     return lambda name, args: runner.run(name, list(args))
 """
 

@@ -15,6 +15,35 @@ from etprop.flows import register
 from etprop.flows.base import Flow, Promises
 
 
+COREAI_RECIPE = """
+def partitioners():
+    from executorch.backends.apple.coreai import CoreAIPartitioner
+
+    return [CoreAIPartitioner()]
+
+
+def transform_passes():
+    from executorch.backends.apple.coreai import get_default_passes
+
+    return get_default_passes()
+
+
+def compile_config():
+    from executorch.backends.apple.coreai import get_default_compile_config
+
+    return get_default_compile_config()
+
+
+def make_runner(pte, program):
+    # ExecuTorch's runtime has no Core AI backend: etprop's bridge runs the
+    # delegates on coreai-core (and the ops around them with torch).
+    from etprop.lowering.coreai_runtime import CoreAIProgram
+
+    runner = CoreAIProgram(program, pte)
+    return lambda name, args: runner.run(name, list(args))
+"""
+
+
 def _partitioners() -> list:
     from executorch.backends.apple.coreai import CoreAIPartitioner
 
@@ -41,6 +70,7 @@ COREAI = register(Flow(
     transform_passes=_transform_passes,
     compile_config=_compile_config,
     runtime="coreai",
+    repro_recipe=COREAI_RECIPE,
     # coreai_torch converts at lowering time; coreai (coreai-core) runs the bundles.
     requires=("coreai_torch", "coreai.runtime"),
     install_hint="pip install 'etprop[coreai]'",

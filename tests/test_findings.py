@@ -25,20 +25,41 @@ def test_index_is_consistent():
             assert (known_findings.FINDINGS_DIR / finding.note).is_file(), finding.note
 
 
+# Outcomes a standalone script judges (equivalence and the stages before it);
+# structural oracles (storage, cycles, coverage) need etprop.
+STANDALONE_JUDGES = {"mismatch", "lowering error", "load error", "run error", "export error", "crash"}
+
+
+def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "etprop.commands.cli", *args], capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _run_script(path, cwd) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-I", str(path)], capture_output=True, text=True, timeout=600, cwd=cwd)
+
+
 @pytest.mark.parametrize("finding", [f for f in FINDINGS if f.id not in REPLAYED_ELSEWHERE],
                          ids=lambda f: f.id)
 def test_finding_still_reproduces_its_own_symptom(finding, tmp_path):
     """A strict known failure: the repro must fail with the finding's own
     outcome and message (any other failure, an import error or a missing name,
     fails this test), and once the defect is fixed this test fails too, so the
-    finding gets retired. A spec repro replays through ``etprop repro``, which
-    runs every oracle of its property and attributes the failure by
-    neutralizing the finding's cause; a script repro must exit 1, with no
+    finding gets retired. A spec repro is replayed by both script kinds made
+    from it on demand: ``--script`` (through etprop: every oracle of its
+    property, attribution by neutralizing the finding's cause) and
+    ``--standalone`` (torch and executorch, expected values embedded), which
+    must reach the same verdict. A script repro must exit 1, with no
     exception but the AssertionError that shows the symptom."""
     spec_repro = finding.repro_path.with_suffix(".json")
-    command = ([sys.executable, "-m", "etprop.commands.cli", "repro", str(spec_repro), "--artifacts", str(tmp_path)]
-               if spec_repro.exists() else [sys.executable, str(finding.repro_path)])
-    completed = subprocess.run(command, capture_output=True, text=True, timeout=600)
+    if spec_repro.exists():
+        script, standalone = tmp_path / "script.py", tmp_path / "standalone.py"
+        for kind, target in (("--script", script), ("--standalone", standalone)):
+            written = _cli("repro", str(spec_repro), kind, str(target))
+            assert written.returncode == 0, written.stderr[-1500:]
+        completed = _run_script(script, tmp_path)
+    else:
+        completed = _run_script(finding.repro_path, tmp_path)
     if completed.returncode == 0:
         pytest.fail(f"{finding.id} no longer reproduces (fixed upstream?): {completed.stdout[-500:]}")
     raised = re.findall(r"^([A-Za-z_][\w.]*(?:Error|Exception))\b", completed.stderr, re.M)
@@ -50,6 +71,17 @@ def test_finding_still_reproduces_its_own_symptom(finding, tmp_path):
         if finding.status == "confirmed":
             assert f"(known finding {finding.id})" in completed.stdout, \
                 f"neutralizing {finding.id}'s cause did not make its own repro pass:\n{completed.stdout[-1500:]}"
+        alone = _run_script(standalone, tmp_path)
+        verdict = "crash" if alone.returncode < 0 else next(
+            (line.split(":")[1].strip() for line in alone.stdout.splitlines() if line.startswith("VERDICT:")), None)
+        if finding.outcome in STANDALONE_JUDGES:
+            assert verdict == finding.outcome and alone.returncode != 0, \
+                f"the standalone script says {verdict!r}, the suite {finding.outcome!r}:\n" \
+                f"{alone.stdout[-1500:]}\n{alone.stderr[-1500:]}"
+            if verdict != "crash":
+                assert re.search(finding.pattern, alone.stdout + alone.stderr, re.S), alone.stdout[-1500:]
+        else:
+            assert verdict is not None, alone.stderr[-1500:]
     pytest.xfail(f"{finding.id} reproduces: {finding.outcome}, /{finding.pattern}/")
 
 
@@ -62,18 +94,3 @@ def test_signature_nominates_only_its_own_kind_of_program():
     assert known_findings.nominate("xnnpack+fold", "mismatch", message, spec) == []
     spec["methods"]["forward"]["nodes"][0]["attrs"] = {}
     assert known_findings.nominate("xnnpack", "mismatch", message, spec) == []
-
-
-def test_a_standalone_script_is_generated_on_demand_and_reproduces(tmp_path):
-    """``etprop repro --standalone`` writes a script that needs only torch and
-    executorch and reaches the same verdict as the suite on a finding's spec."""
-    finding = next(f for f in FINDINGS if f.id == "EXIR-001")
-    script = tmp_path / "exir_001.py"
-    written = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "repro", str(finding.repro_path),
-                              "--standalone", str(script), "--flow", "portable"],
-                             capture_output=True, text=True, timeout=120)
-    assert written.returncode == 0, written.stderr[-1500:]
-    ran = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, timeout=600,
-                         cwd=tmp_path)
-    assert ran.returncode == 1, ran.stderr[-1500:]
-    assert "VERDICT: mismatch" in ran.stdout

@@ -37,19 +37,25 @@ def cmd_repro(args) -> int:
               f"{', '.join(record['flows'])}, {len(record['spec']['methods'])} method(s), "
               f"{count_ops(record['spec'])} node(s)")
         return 0
+    if args.script:
+        from etprop.verdicts import repro
+
+        record = repro.read(args.file)
+        repro.atomic_write(Path(args.script), repro.etprop_script(record, Path(args.file).name))
+        print(f"wrote {args.script}: replays {args.file} through etprop, judged as the suite judges")
+        return 0
     if args.standalone:
         from etprop import flows
         from etprop.verdicts import repro
 
-        for target in args.flow_module:
-            flows.load_flow_module(target)
         record = repro.read(args.file)
         flow = args.flow or record["flows"][-1]
         if flow not in record["flows"]:
             raise UsageError(f"--flow {flow}: the repro lowers {', '.join(record['flows'])}")
         repro.atomic_write(Path(args.standalone), repro.standalone_script(record["spec"], flow))
         print(f"wrote {args.standalone}: flow {flow!r}, needs torch and executorch only "
-              "(plus the flow's add-on for candidate flows)")
+              "(plus the flow's add-on for candidate flows, etprop's bridge for Core AI), "
+              "with the expected values and the tolerance policy embedded")
         return 0
     outcome = replay_file(Path(args.file), Path(args.artifacts), verbose=True, flow_modules=args.flow_module)
     return 1 if outcome.still_failing else 0
@@ -122,6 +128,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--standalone", metavar="OUT.py",
                    help="instead of replaying, write a script that lowers and judges the program with "
                         "torch and executorch alone (for an upstream issue)")
+    p.add_argument("--script", metavar="OUT.py",
+                   help="instead of replaying, write a script that replays the repro through etprop "
+                        "(judged exactly as the suite judges)")
     p.add_argument("--flow", help="with --standalone: the flow the script lowers (default: the repro's last)")
     p.add_argument("--check", action="store_true",
                    help="only validate the file (schema, names, sizes, shapes); build and run nothing")

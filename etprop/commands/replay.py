@@ -51,7 +51,14 @@ def oracles_for(prop: str) -> list:
 
 def replay_file(path: Path, artifacts: Path, verbose: bool = False, session: Optional[Session] = None,
                 flow_modules: Optional[list[str]] = None) -> Replayed:
-    record = repro.read(path)
+    return replay_record(repro.read(path), path, artifacts, verbose, session, flow_modules, checked=True)
+
+
+def replay_record(record: dict, path, artifacts: Path, verbose: bool = False, session: Optional[Session] = None,
+                  flow_modules: Optional[list[str]] = None, checked: bool = False) -> Replayed:
+    """Replay a repro record, checked like a file unless ``checked`` (it may come from anywhere)."""
+    if not checked:
+        repro.check_record(record, str(path))
     drift = repro.version_drift(record)
     if drift and verbose:
         print("note: made with other versions: " + "; ".join(drift))
