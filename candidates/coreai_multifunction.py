@@ -37,6 +37,7 @@ from typing import Iterator
 
 from etprop.flows import register
 from etprop.flows.base import Flow, Promises
+from etprop.flows.coreai import COREAI_RECIPE_TAIL
 
 # Compile spec that marks a multifunction delegate; it reaches preprocess with
 # the partition (ExecuTorch carries nothing else from partitioner to backend).
@@ -308,25 +309,7 @@ def partitioners():
         _hook[0].__enter__()
     return [CoreAIMultifunctionPartitioner(multifunction=True)]
 
-
-def transform_passes():
-    from executorch.backends.apple.coreai import get_default_passes
-
-    return get_default_passes()
-
-
-def compile_config():
-    from executorch.backends.apple.coreai import get_default_compile_config
-
-    return get_default_compile_config()
-
-
-def make_runner(pte, program):
-    from etprop.lowering.coreai_runtime import CoreAIProgram
-
-    runner = CoreAIProgram(program, pte)
-    return lambda name, args: runner.run(name, list(args))
-"""
+""" + COREAI_RECIPE_TAIL
 
 
 COREAI_MULTIFUNCTION = register(Flow(

@@ -15,13 +15,9 @@ from etprop.flows import register
 from etprop.flows.base import Flow, Promises
 
 
-COREAI_RECIPE = """
-def partitioners():
-    from executorch.backends.apple.coreai import CoreAIPartitioner
-
-    return [CoreAIPartitioner()]
-
-
+# Repro-script recipe: the stock partitioner, then what every Core AI flow's
+# script shares (candidates/coreai_multifunction.py reuses the tail).
+COREAI_RECIPE_TAIL = """
 def transform_passes():
     from executorch.backends.apple.coreai import get_default_passes
 
@@ -42,6 +38,14 @@ def make_runner(pte, program):
     runner = CoreAIProgram(program, pte)
     return lambda name, args: runner.run(name, list(args))
 """
+
+COREAI_RECIPE = """
+def partitioners():
+    from executorch.backends.apple.coreai import CoreAIPartitioner
+
+    return [CoreAIPartitioner()]
+
+""" + COREAI_RECIPE_TAIL
 
 
 def _partitioners() -> list:

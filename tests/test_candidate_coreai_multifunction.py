@@ -288,8 +288,8 @@ inputs = {"forward": torch.randn(1, 8), "prefill": torch.randn(4, 8)}
 edge = to_edge_transform_and_lower({name: torch.export.export(module, (x,)) for name, x in inputs.items()},
                                    partitioner=partitioners(), transform_passes=transform_passes(),
                                    compile_config=compile_config())
-pte = edge.to_executorch().buffer
-run = make_runner(pte, edge)
+manager = edge.to_executorch()
+run = make_runner(manager.buffer, manager)
 for name, x in inputs.items():
     torch.testing.assert_close(run(name, [x])[0], module(x).detach(), rtol=1e-5, atol=1e-5)
 print("RECIPE OK")
