@@ -370,21 +370,22 @@ class CoreAIProgram:
 
     # Execution -------------------------------------------------------------
 
-    def call_delegate(self, lowered, args: Sequence[Any], state: dict, manifest: Optional[dict] = None) -> tuple:
+    def call_delegate(self, lowered, args: Sequence[Any], state: dict, manifest: dict) -> tuple:
         """Run one Core AI delegate on positional ``args``; returns its outputs.
 
         The bundle's graph takes the delegate program's user inputs plus the
         buffers it mutates (in input-spec order) and returns every output of
         that program, mutations first. ExecuTorch passes only the user inputs
         and receives only the user outputs; mutated buffers the delegate owns
-        live in ``state`` for the rest of the run.
+        live in ``state`` for the rest of the run. ``manifest`` is the one the
+        .pte carries for this call (``shipped``), never the in-memory copy.
         """
         from coreai.runtime import NDArray
         from torch.export.graph_signature import InputKind, OutputKind
 
         if getattr(lowered, "backend_id", None) != COREAI_BACKEND_ID:
             raise NotImplementedError(f"delegate backend '{lowered.backend_id}' cannot run in CoreAIProgram")
-        loaded = self._load(manifest if manifest is not None else _manifest(lowered))
+        loaded = self._load(manifest)
         sub = lowered.original_module
         signature = sub.graph_signature
         mutated = set(signature.buffers_to_mutate.values())
