@@ -38,10 +38,12 @@ import torch
 FLOWS = ("portable", "xnnpack", "coreai")
 VARIANTS = {
     "native": {},
+    "native-1thread": {"OMP_NUM_THREADS": "1"},
+    "aten-avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
+    "onednn-avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "default-1thread": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"},
 }
-PERTURBATION = {torch.float32: 3e-4, torch.float16: 1e-2, torch.bfloat16: 1e-2}
 
 
 def sample_specs(count: int) -> list[dict]:
@@ -109,7 +111,9 @@ def inputs_record(spec: dict) -> dict:
             "cases": [(method, kind, inputs) for method, kind, inputs in cases(built)]}
 
 
-def lower_phase(corpus: Path, count: int, flow_names: list[str], timeout: float) -> None:
+def lower_phase(corpus: Path, count: int, flow_names: list[str], timeout: float, shard: tuple[int, int]) -> None:
+    """Flow by flow (so a stopped run leaves whole flows done), programs of
+    this shard only (``index % n == i``: shards run side by side)."""
     from etprop.lowering.isolation import Worker
 
     import sensitivity
@@ -125,7 +129,11 @@ def lower_phase(corpus: Path, count: int, flow_names: list[str], timeout: float)
         where.mkdir(exist_ok=True)
         if not (where / "spec.json").exists():
             (where / "spec.json").write_text(json.dumps(spec))
-        for name in flow_names:
+    for name in flow_names:
+        for index, spec in enumerate(specs):
+            if index % shard[1] != shard[0]:
+                continue
+            where = corpus / f"{index:04d}"
             done = where / f"lowered-{name}.pt"
             if done.exists():
                 continue
@@ -139,27 +147,113 @@ def lower_phase(corpus: Path, count: int, flow_names: list[str], timeout: float)
     worker.close()
 
 
+def built_with_saved_state(spec: dict, saved: dict):
+    """The program of ``spec`` with the weights, buffers and constants drawn
+    once natively (a mutant that drops a bias leaves its entry unused)."""
+    from etprop.program import builder
+
+    built = builder.build(spec)
+    missing, _ = built.module.load_state_dict(saved["state"], strict=False)
+    if missing:
+        raise RuntimeError(f"saved state lacks {missing[:3]}")
+    for name, value in saved["constants"].items():
+        setattr(built.module, name, value)
+    built.__post_init__()
+    return built
+
+
+def sequence_modes(spec: dict) -> tuple[bool, ...]:
+    """How calls are compared: as a sequence (ExecuTorch keeps state between
+    calls) or one by one (Core AI); the same for a stateless program."""
+    stateful = any(e["kind"] == "buffer" and e.get("mutable") for e in spec["state"].values())
+    return (True, False) if stateful else (False,)
+
+
+def uses_sequence(spec: dict, flow: str) -> bool:
+    from etprop import flows as flowreg
+
+    return max(sequence_modes(spec)) and flowreg.get(flow).runtime != "coreai"
+
+
+def wide_runs(spec: dict, saved: dict) -> dict:
+    """The float64 outputs of every saved case, per sequence mode."""
+    built = built_with_saved_state(spec, saved)
+    runs = {}
+    for sequence in sequence_modes(spec):
+        runs[sequence] = []
+        previous = None
+        for method, kind, inputs in saved["cases"]:
+            if sequence and method != previous:
+                built.reset_state()
+            previous = method
+            runs[sequence].append(built._wide(method, inputs, not sequence))
+        built.reset_state()
+    return runs
+
+
+def changes_result(original: dict, mutated: dict, dtype: torch.dtype) -> bool:
+    """Every output keeps its shape and dtype, and some element of some case
+    changes visibly in the program's dtype (else the mutant is equivalent)."""
+    from etprop.program import mutants
+
+    seen = False
+    for sequence, cases in original.items():
+        for before, after in zip(cases, mutated[sequence]):
+            if len(before) != len(after) or any(a.shape != b.shape or a.dtype != b.dtype
+                                                for a, b in zip(before, after)):
+                return False
+            lowered = [b.to(dtype) if b.is_floating_point() else b for b in before]
+            seen = seen or mutants.apply_delta(lowered, before, after) is not None
+    return seen
+
+
+def mutants_phase(corpus: Path) -> None:
+    """For each program, one mutant of each spec kind (the first option, in a
+    random order seeded by the program, that builds, keeps every output's
+    shape and changes the result), with its float64 outputs for every case."""
+    from etprop.program import mutants
+
+    for where in program_dirs(corpus):
+        target = where / "mutants.pt"
+        if target.exists() or not (where / "inputs.pt").exists():
+            continue
+        saved = torch.load(where / "inputs.pt", weights_only=False)
+        record: dict = {}
+        if "error" not in saved:
+            spec = json.loads((where / "spec.json").read_text())
+            rng = random.Random(where.name)
+            try:
+                original = wide_runs(spec, saved)
+            except Exception as exc:
+                original, record["error"] = None, f"{type(exc).__name__}: {str(exc)[:200]}"
+            for kind in mutants.SPEC_MUTANTS if original else ():
+                for mutated, description in mutants.mutate_spec(kind, spec, rng):
+                    try:
+                        runs = wide_runs(mutated, saved)
+                    except Exception:
+                        continue
+                    if changes_result(original, runs, getattr(torch, spec.get("dtype", "float32"))):
+                        record[kind] = {"description": description, "wide": runs}
+                        break
+        torch.save(record, target)
+
+
 def eager_phase_here(corpus: Path, variant: str, flow_names: list[str]) -> None:
     """References of every program under this process's CPU settings, per
     flow (the jittered runs use the flow's error budgets; a runtime that does
     not keep state between calls is compared call by call)."""
     from etprop import flows as flowreg
     from etprop.oracles import tolerance
-    from etprop.program import builder
 
     for where in program_dirs(corpus):
         target = where / f"eager-{variant}.pt"
         if target.exists() or not (where / "inputs.pt").exists():
             continue
         try:
-            built = builder.build(json.loads((where / "spec.json").read_text()))
             saved = torch.load(where / "inputs.pt", weights_only=False)
             if "error" in saved:
                 raise RuntimeError(saved["error"])
-            built.module.load_state_dict(saved["state"])
-            for name, value in saved["constants"].items():
-                setattr(built.module, name, value)
-            built.__post_init__()
+            built = built_with_saved_state(json.loads((where / "spec.json").read_text()), saved)
             record = {"cases": {}}
             for flow in flow_names:
                 sequence = built.stateful and flowreg.get(flow).runtime != "coreai"
@@ -192,28 +286,6 @@ def eager_phase(corpus: Path, flow_names: list[str]) -> None:
                        env={**os.environ, **env}, check=True)
 
 
-def _perturbed(actual: list, rng: random.Random):
-    """``actual`` with one element of one float output scaled; None when no
-    element would change in the output's dtype."""
-    floats = [i for i, t in enumerate(actual) if isinstance(t, torch.Tensor) and t.is_floating_point()
-              and t.numel()]
-    if not floats:
-        return None
-    index = rng.choice(floats)
-    tensor = actual[index]
-    flat = tensor.reshape(-1)
-    position = rng.randrange(flat.numel())
-    value = flat[position]
-    scaled = (value.double() * (1 + PERTURBATION[tensor.dtype])).to(tensor.dtype)
-    if not bool(torch.isfinite(value)) or bool(scaled == value):
-        return None
-    changed = flat.clone()
-    changed[position] = scaled
-    result = list(actual)
-    result[index] = changed.reshape(tensor.shape)
-    return result, tensor.dtype
-
-
 def load(corpus: Path, flow_names: list[str]) -> list[dict]:
     """Every program with native references: references per variant, lowered outputs per flow."""
     programs = []
@@ -232,8 +304,13 @@ def load(corpus: Path, flow_names: list[str]) -> list[dict]:
             record = torch.load(path, weights_only=False) if path.exists() else {}
             if "cases" in record:
                 lowered[flow] = record["cases"]
-        programs.append({"name": where.name, "refs": refs, "lowered": lowered,
-                         "dtype": json.loads((where / "spec.json").read_text()).get("dtype", "float32")})
+        spec = json.loads((where / "spec.json").read_text())
+        path = where / "mutants.pt"
+        found = torch.load(path, weights_only=False) if path.exists() else {}
+        programs.append({"name": where.name, "spec": spec, "refs": refs, "lowered": lowered,
+                         "dtype": spec.get("dtype", "float32"),
+                         "sequence": {flow: bool(uses_sequence(spec, flow)) for flow in flow_names},
+                         "mutants": {k: v for k, v in found.items() if k != "error"}})
     return programs
 
 
@@ -274,12 +351,17 @@ def _policy(name: str):
     return lambda reference, actual, flow: tolerance.judge(reference, actual, flowreg.get(flow).runtime).problem
 
 
-def evaluate(programs: list[dict], policy, flow_names: list[str], show: int = 0) -> dict:
-    """Native failures and variant flips per flow, and perturbations caught per dtype."""
-    failing = {f: [] for f in flow_names}
+def evaluate(programs: list[dict], policy, flow_names: list[str]) -> dict:
+    """Per flow: unmutated lowerings failing per CPU variant, and verdicts
+    that change with the variant; per (mutant kind, dtype): mutated cases
+    caught, over every (method, input) case whose unmutated lowering passes
+    against native references, on every flow."""
+    from etprop.program import mutants
+
+    failing = {f: {v: [] for v in VARIANTS} for f in flow_names}
     flips = {f: [] for f in flow_names}
     judged = {f: 0 for f in flow_names}
-    caught: dict[str, list[int]] = {}
+    caught: dict[tuple[str, str], list[int]] = {}
     for program in programs:
         for flow, cases in program["lowered"].items():
             verdicts = {}
@@ -290,42 +372,68 @@ def evaluate(programs: list[dict], policy, flow_names: list[str], show: int = 0)
                     if problem:
                         verdicts[variant] = f"{method} {kind}: {problem}"
                         break
+                if verdicts[variant]:
+                    failing[flow][variant].append((program["name"], verdicts[variant]))
             judged[flow] += 1
-            if verdicts["native"]:
-                failing[flow].append((program["name"], verdicts["native"]))
             if len({v is None for v in verdicts.values()}) > 1:
                 flips[flow].append((program["name"], verdicts))
-        cases = program["lowered"].get("portable")
-        if cases is None:
-            continue
-        rng = random.Random(program["name"])
-        for (method, kind, reference), (_, _, actual) in zip(program["refs"]["native"]["portable"], cases):
-            if policy(reference, actual, "portable"):
-                break
-            perturbed = _perturbed(actual, rng)
-            if perturbed is None:
-                continue
-            changed, dtype = perturbed
-            counts = caught.setdefault(str(dtype).replace("torch.", ""), [0, 0])
-            counts[1] += 1
-            counts[0] += policy(reference, changed, "portable") is not None
+            sequence = program["sequence"][flow]
+            for index, ((method, kind, reference), (_, _, actual)) in enumerate(
+                    zip(program["refs"]["native"][flow], cases)):
+                if policy(reference, actual, flow):
+                    continue
+                dtype = program["dtype"]
+                rng = random.Random(f"{program['name']} {flow} {index}")
+                for name in mutants.OUTPUT_MUTANTS:
+                    changed = mutants.mutate_outputs(name, actual, rng)
+                    if changed is not None:
+                        counts = caught.setdefault((name, dtype), [0, 0])
+                        counts[1] += 1
+                        counts[0] += policy(reference, changed, flow) is not None
+                for name, mutant in program["mutants"].items():
+                    changed = mutants.apply_delta(actual, reference.wide, mutant["wide"][sequence][index])
+                    if changed is not None:
+                        counts = caught.setdefault((name, dtype), [0, 0])
+                        counts[1] += 1
+                        counts[0] += policy(reference, changed, flow) is not None
     return {"failing": failing, "flips": flips, "judged": judged, "caught": caught}
 
 
-def report(programs: list[dict], figures: dict, title: str, show: int) -> None:
+def report(figures: dict, title: str, show: int, specs: dict | None = None) -> None:
+    from etprop.program import mutants
+
     print(f"## {title}")
-    print("perturbed (method, input) cases caught (portable lowering, native references):")
-    for dtype, (hit, total) in sorted(figures["caught"].items()):
-        print(f"  {dtype}: {hit}/{total} = {100 * hit / max(total, 1):.1f} %")
-    print("per flow: programs judged, failing against native references, verdicts that change with the CPU variant:")
+    dtypes = sorted({dtype for _, dtype in figures["caught"]})
+    print("mutated (method, input) cases caught, every flow, native references:")
+    print("| mutant | " + " | ".join(dtypes) + " |")
+    print("|---|" + "---|" * len(dtypes))
+    for kind in mutants.OUTPUT_MUTANTS + mutants.SPEC_MUTANTS:
+        cells = []
+        for dtype in dtypes:
+            hit, total = figures["caught"].get((kind, dtype), (0, 0))
+            cells.append(f"{hit}/{total} = {100 * hit / total:.1f} %" if total else "-")
+        print(f"| {kind} | " + " | ".join(cells) + " |")
+    print("unmutated lowerings failing, per flow and CPU variant (then: verdicts that change with the variant):")
+    print("| flow | judged | " + " | ".join(VARIANTS) + " | flips |")
+    print("|---|---|" + "---|" * (len(VARIANTS) + 1))
     for flow, total in figures["judged"].items():
-        print(f"  {flow:9s} {total:4d} judged, {len(figures['failing'][flow])} failing, "
-              f"{len(figures['flips'][flow])} flips")
-        for name, message in figures["failing"][flow][:show]:
-            print(f"      failing {name}: {message[:240]}")
+        cells = [str(len(figures["failing"][flow][v])) for v in VARIANTS]
+        print(f"| {flow} | {total} | " + " | ".join(cells) + f" | {len(figures['flips'][flow])} |")
+    for flow in figures["judged"]:
+        for name, message in figures["failing"][flow]["native"][:show]:
+            print(f"    {flow} failing {name}: {message[:240]}{_nominations(specs[name], flow, message) if specs else ''}")
         for name, verdicts in figures["flips"][flow][:show]:
             which = [v for v, problem in verdicts.items() if problem]
-            print(f"      flip {name}: fails under {which}: {next(p for p in verdicts.values() if p)[:200]}")
+            print(f"    {flow} flip {name}: fails under {which}: {next(p for p in verdicts.values() if p)[:200]}")
+
+
+def _nominations(spec: dict, flow: str, message: str) -> str:
+    """The findings whose signature the failure matches (a lead to check by
+    neutralizing, not an attribution)."""
+    from etprop.verdicts import known_findings
+
+    found = known_findings.nominate(flow, "mismatch", message, spec)
+    return f" [signature of {', '.join(f.id for f in found)}]" if found else ""
 
 
 def judge_phase(corpus: Path, flow_names: list[str], show: int, sweep: bool) -> None:
@@ -338,17 +446,19 @@ def judge_phase(corpus: Path, flow_names: list[str], show: int, sweep: bool) -> 
     print(f"# {datetime.date.today()} on {platform.node()} ({platform.machine()}, {os.cpu_count()} cores, "
           f"torch {torch.__version__}); command: {' '.join(sys.argv)}")
     print(f"programs with references: {len(programs)} {dtypes}; CPU variants {list(VARIANTS)}")
-    report(programs, evaluate(programs, _policy("previous"), flow_names), "previous policy", 0)
-    report(programs, evaluate(programs, _policy("per-element"), flow_names), "per-element policy "
-           f"(SPREAD_FACTOR {tolerance.SPREAD_FACTOR:g}, RELATIVE_FLOOR {tolerance.RELATIVE_FLOOR:g})", show)
+    report(evaluate(programs, _policy("previous"), flow_names), "previous policy", 0)
+    report(evaluate(programs, _policy("per-element"), flow_names), "per-element policy "
+           f"(SPREAD_FACTOR {tolerance.SPREAD_FACTOR:g}, RELATIVE_FLOOR {tolerance.RELATIVE_FLOOR:g})", show,
+           {program["name"]: program["spec"] for program in programs})
     if sweep:
         saved = tolerance.SPREAD_FACTOR, tolerance.RELATIVE_FLOOR
         for spread_factor in (1.0, 2.0, 4.0, 8.0):
             for floor in (0.0, 1.0, 2.0, 4.0, 8.0):
                 tolerance.SPREAD_FACTOR, tolerance.RELATIVE_FLOOR = spread_factor, floor
                 figures = evaluate(programs, _policy("per-element"), flow_names)
-                caught = " ".join(f"{d} {100 * h / max(t, 1):.0f}%" for d, (h, t) in sorted(figures["caught"].items()))
-                failing = " ".join(f"{f} {len(v)}" for f, v in figures["failing"].items())
+                caught = " ".join(f"{k}/{d} {100 * h / max(t, 1):.0f}%"
+                                  for (k, d), (h, t) in sorted(figures["caught"].items()))
+                failing = " ".join(f"{f} {len(v['native'])}" for f, v in figures["failing"].items())
                 flips = sum(len(v) for v in figures["flips"].values())
                 print(f"  C={spread_factor:g} F={floor:g}: caught {caught}; failing {failing}; flips {flips}")
         tolerance.SPREAD_FACTOR, tolerance.RELATIVE_FLOOR = saved
@@ -356,12 +466,13 @@ def judge_phase(corpus: Path, flow_names: list[str], show: int, sweep: bool) -> 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=("lower", "eager", "eager-here", "judge", "all"))
+    parser.add_argument("phase", choices=("lower", "eager", "eager-here", "mutants", "judge", "all"))
     parser.add_argument("--corpus", type=Path, default=Path("/tmp/etprop-sensitivity"))
     parser.add_argument("--programs", type=int, default=200)
     parser.add_argument("--flows", default=",".join(FLOWS))
     parser.add_argument("--variant", default="native")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per lowering")
+    parser.add_argument("--shard", default="0/1", help="i/n: lower only programs whose index %% n == i")
     parser.add_argument("--show", type=int, default=5, help="failures listed per flow")
     parser.add_argument("--sweep", action="store_true", help="also try other SPREAD_FACTOR / RELATIVE_FLOOR")
     args = parser.parse_args()
@@ -370,11 +481,14 @@ def main() -> None:
         # The isolated worker imports the lowering job from this file.
         sys.path.insert(0, str(Path(__file__).parent))
         os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
-        lower_phase(args.corpus, args.programs, flow_names, args.timeout)
+        lower_phase(args.corpus, args.programs, flow_names, args.timeout,
+                    tuple(int(part) for part in args.shard.split("/")))
     if args.phase == "eager-here":
         eager_phase_here(args.corpus, args.variant, flow_names)
     if args.phase in ("eager", "all"):
         eager_phase(args.corpus, flow_names)
+    if args.phase in ("mutants", "all"):
+        mutants_phase(args.corpus)
     if args.phase in ("judge", "all"):
         judge_phase(args.corpus, flow_names, args.show, args.sweep)
 
