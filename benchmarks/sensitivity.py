@@ -240,8 +240,9 @@ def mutants_phase(corpus: Path) -> None:
 
 def eager_phase_here(corpus: Path, variant: str, flow_names: list[str]) -> None:
     """References of every program under this process's CPU settings, per
-    flow (the jittered runs use the flow's error budgets; a runtime that does
-    not keep state between calls is compared call by call)."""
+    flow (the jittered runs use the flow's runtime's error budgets; a runtime
+    that does not keep state between calls is compared call by call; flows on
+    one runtime share their references)."""
     from etprop import flows as flowreg
     from etprop.oracles import tolerance
 
@@ -255,10 +256,15 @@ def eager_phase_here(corpus: Path, variant: str, flow_names: list[str]) -> None:
                 raise RuntimeError(saved["error"])
             built = built_with_saved_state(json.loads((where / "spec.json").read_text()), saved)
             record = {"cases": {}}
+            by_runtime: dict[str, list] = {}
             for flow in flow_names:
-                sequence = built.stateful and flowreg.get(flow).runtime != "coreai"
-                ulps = tolerance.op_ulps(flowreg.get(flow).runtime, built.spec.get("dtype", "float32"))
-                record["cases"][flow] = []
+                runtime = flowreg.get(flow).runtime
+                if runtime in by_runtime:
+                    record["cases"][flow] = by_runtime[runtime]
+                    continue
+                sequence = built.stateful and runtime != "coreai"
+                ulps = tolerance.op_ulps(runtime, built.spec.get("dtype", "float32"))
+                record["cases"][flow] = by_runtime[runtime] = []
                 previous = None
                 for method, kind, inputs in saved["cases"]:
                     if sequence and method != previous:

@@ -79,6 +79,7 @@ BROAD = {
     "COREAI-007": ("coreai", _repro_spec("coreai_output_halved.json")),
     "COREAI-006": ("coreai", _repro_spec("coreai_control_flow_keyerror.json")),
     "EXIR-001": ("portable", _repro_spec("exir_two_cond_output_mismatch.json")),
+    "EXIR-003": ("portable", _repro_spec("exir_view_in_loop_body.json")),
     "XNN-008": ("xnnpack", _program(
         [{"id": "v0", "op": "buffer_update", "args": ["x"], "state": "s", "attrs": {"how": "add"}},
          {"id": "v1", "op": "tanh", "args": ["v0"]}],
@@ -190,6 +191,29 @@ def test_inlined_control_flow_computes_the_same_values():
         inputs = original.inputs(method)
         for want, got in zip(original.eager(method, inputs), rewritten.eager(method, inputs)):
             torch.testing.assert_close(got, want)
+
+
+def test_reshaping_a_copy_computes_the_same_values_and_is_no_view():
+    """EXIR-003's equivalent form: the same values, and the reshape no longer a view of its operand."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _program([{"id": "v0", "op": "reshape", "args": ["x"], "attrs": {"shape": [4, 6]}},
+                     {"id": "v1", "op": "flatten", "args": ["v0"]},
+                     {"id": "v2", "op": "matmul", "args": ["v0"], "state": "w"}],
+                    {"w": _weight((24,), 1, [{"type": "reshape"}]) | {"shape": [6, 2]}},
+                    outputs=["v1", "v2"])
+    finding = next(f for f in known_findings.load() if f.id == "EXIR-003")
+    copied, changed = neutralize(spec, list(finding.neutralize))
+    assert changed == 3
+    original, rewritten = builder.build(spec), builder.build(copied)
+    rewritten.module.load_state_dict(original.module.state_dict())
+    inputs = original.inputs("forward")
+    for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert rewritten.module.w.weight.data_ptr() != rewritten.module.w.parametrizations.weight.original.data_ptr()
+    assert original.module.w.weight.data_ptr() == original.module.w.parametrizations.weight.original.data_ptr()
 
 
 def test_a_neutralized_spec_that_does_not_export_leaves_the_failure_new(session, monkeypatch):

@@ -124,12 +124,16 @@ class _Transpose(nn.Module):
 
 
 class _Reshape(nn.Module):
-    def __init__(self, shape):
+    """A weight stored flat. ``clone_first`` computes the same value from a
+    copy of the parameter (an equivalent form that is not a view of it)."""
+
+    def __init__(self, shape, clone_first=False):
         super().__init__()
         self.shape = tuple(shape)
+        self.clone_first = clone_first
 
     def forward(self, value):
-        return value.reshape(self.shape)
+        return (value.clone() if self.clone_first else value).reshape(self.shape)
 
     def right_inverse(self, value):
         return value.reshape(-1)
@@ -156,7 +160,8 @@ def _parametrize(module, name, kind, **attrs):
     elif kind == "transpose":
         parametrize.register_parametrization(module, name, _Transpose(), unsafe=True)
     elif kind == "reshape":
-        parametrize.register_parametrization(module, name, _Reshape(shape), unsafe=True)
+        parametrize.register_parametrization(module, name, _Reshape(shape, attrs.get("clone_first", False)),
+                                             unsafe=True)
     else:
         raise ValueError(f"unknown parametrization {kind!r}")
 

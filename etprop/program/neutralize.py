@@ -16,6 +16,8 @@ Rewrites (``{"rewrite": NAME, ...}``):
 - ``drop_parametrization``: ``type``, ``rank`` and ``where`` (optional); that
   parametrization (with those attribute values) is removed from every state
   entry that computes a tensor of that rank with it.
+- ``set_parametrization_attrs``: ``type``, ``attrs``; every parametrization of
+  that type gets those attribute values (an equivalent form of the same weight).
 - ``inline_control_flow``: ``ops``; control-flow nodes rendered as their
   equivalent straight-line form (both branches and ``where``; an unrolled loop).
 - ``buffer_update_out_of_place``: every ``buffer_update`` computes the updated
@@ -91,6 +93,18 @@ def _drop_parametrization(spec: dict, rule: dict) -> int:
     return changed
 
 
+def _set_parametrization_attrs(spec: dict, rule: dict) -> int:
+    changed = 0
+    for entry in spec["state"].values():
+        touched = False
+        for parametrization in entry.get("parametrizations", []):
+            if parametrization["type"] == rule["type"] and not _has(parametrization, rule["attrs"]):
+                parametrization.update(rule["attrs"])
+                touched = True
+        changed += touched
+    return changed
+
+
 def _inline_control_flow(spec: dict, rule: dict) -> int:
     return _set_attrs(spec, {"ops": rule["ops"], "attrs": {"inline": True}})
 
@@ -108,6 +122,7 @@ REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "drop_attrs": _drop_attrs,
     "set_layer_kwargs": _set_layer_kwargs,
     "drop_parametrization": _drop_parametrization,
+    "set_parametrization_attrs": _set_parametrization_attrs,
     "inline_control_flow": _inline_control_flow,
     "buffer_update_out_of_place": _buffer_update_out_of_place,
 }

@@ -92,6 +92,12 @@ def _slice(args, attrs, state):
     return f"{args[0]}[{', '.join(index)}]"
 
 
+def _source(value: str, attrs: dict) -> str:
+    """The operand of a reshaping op; ``clone_first`` reshapes a copy (the same
+    values, but not a view of the operand: a neutralization)."""
+    return f"{value}.clone()" if attrs.get("clone_first") else value
+
+
 _OUT_OF_PLACE = {"add": "(self.{s} + {x})", "mul": "(self.{s} * {x})",
                  "copy": "{x}.expand_as(self.{s}).to(self.{s}.dtype)"}
 
@@ -159,10 +165,10 @@ OPS: dict[str, tuple[str, Render]] = {
     "softmax": ("softmax", _call("torch.softmax", "dim")),
     "log_softmax": ("softmax", _call("torch.log_softmax", "dim")),
     # views and data movement
-    "reshape": ("view", lambda a, at, s: f"{a[0]}.reshape({tuple(at['shape'])!r})"),
+    "reshape": ("view", lambda a, at, s: f"{_source(a[0], at)}.reshape({tuple(at['shape'])!r})"),
     "permute": ("view", lambda a, at, s: f"{a[0]}.permute({tuple(at['dims'])!r})"),
     "transpose": ("view", lambda a, at, s: f"{a[0]}.transpose({at['dim0']!r}, {at['dim1']!r})"),
-    "flatten": ("view", _call("torch.flatten", "start_dim", "end_dim")),
+    "flatten": ("view", lambda a, at, s: f"torch.flatten({_source(a[0], at)}{_kw(at, 'start_dim', 'end_dim')})"),
     "unsqueeze": ("view", lambda a, at, s: f"{a[0]}.unsqueeze({at['dim']!r})"),
     "squeeze": ("view", lambda a, at, s: f"{a[0]}.squeeze({at['dim']!r})"),
     "slice": ("view", _slice),
