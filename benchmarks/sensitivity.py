@@ -313,7 +313,9 @@ def load(corpus: Path, flow_names: list[str]) -> list[dict]:
         spec = json.loads((where / "spec.json").read_text())
         path = where / "mutants.pt"
         found = torch.load(path, weights_only=False) if path.exists() else {}
-        programs.append({"name": where.name, "spec": spec, "refs": refs, "lowered": lowered,
+        path = where / "attributed.json"
+        attributed = json.loads(path.read_text()) if path.exists() else {}
+        programs.append({"name": where.name, "spec": spec, "refs": refs, "lowered": lowered, "attributed": attributed,
                          "dtype": spec.get("dtype", "float32"),
                          "sequence": {flow: bool(uses_sequence(spec, flow)) for flow in flow_names},
                          "mutants": {k: v for k, v in found.items() if k != "error"}})
@@ -405,7 +407,10 @@ def evaluate(programs: list[dict], policy, flow_names: list[str]) -> dict:
     return {"failing": failing, "flips": flips, "judged": judged, "caught": caught}
 
 
-def report(figures: dict, title: str, show: int, specs: dict | None = None) -> None:
+def report(figures: dict, title: str, show: int, attributed: dict | None = None) -> None:
+    """The tables; with ``attributed``, what the suite made of each native
+    failure, and every failure not attributed to a known finding (``show``
+    limits the verdict flips listed per flow)."""
     from etprop.program import mutants
 
     print(f"## {title}")
@@ -425,21 +430,26 @@ def report(figures: dict, title: str, show: int, specs: dict | None = None) -> N
     for flow, total in figures["judged"].items():
         cells = [str(len(figures["failing"][flow][v])) for v in VARIANTS]
         print(f"| {flow} | {total} | " + " | ".join(cells) + f" | {len(figures['flips'][flow])} |")
+    if attributed is not None:
+        print("native failures re-run through the suite (attribution by intervention):")
+        for flow in figures["judged"]:
+            verdicts: dict[str, int] = {}
+            for name, _ in figures["failing"][flow]["native"]:
+                done = attributed.get(name, {}).get(flow)
+                verdict = ("not re-run" if done is None else done["known"] or
+                           ("new" if done["new"] else f"{done['outcome']} on the re-run"))
+                verdicts[verdict] = verdicts.get(verdict, 0) + 1
+            print(f"  {flow}: " + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items(), key=lambda kv: -kv[1])))
     for flow in figures["judged"]:
-        for name, message in figures["failing"][flow]["native"][:show]:
-            print(f"    {flow} failing {name}: {message[:240]}{_nominations(specs[name], flow, message) if specs else ''}")
+        for name, message in figures["failing"][flow]["native"]:
+            done = (attributed or {}).get(name, {}).get(flow)
+            if done and done["known"]:
+                continue
+            print(f"    {flow} failing {name}: {message[:240]}"
+                  f"{' [re-run: ' + (done['known'] or 'new') + ']' if done else ''}")
         for name, verdicts in figures["flips"][flow][:show]:
             which = [v for v, problem in verdicts.items() if problem]
             print(f"    {flow} flip {name}: fails under {which}: {next(p for p in verdicts.values() if p)[:200]}")
-
-
-def _nominations(spec: dict, flow: str, message: str) -> str:
-    """The findings whose signature the failure matches (a lead to check by
-    neutralizing, not an attribution)."""
-    from etprop.verdicts import known_findings
-
-    found = known_findings.nominate(flow, "mismatch", message, spec)
-    return f" [signature of {', '.join(f.id for f in found)}]" if found else ""
 
 
 def judge_phase(corpus: Path, flow_names: list[str], show: int, sweep: bool) -> None:
@@ -455,7 +465,7 @@ def judge_phase(corpus: Path, flow_names: list[str], show: int, sweep: bool) -> 
     report(evaluate(programs, _policy("previous"), flow_names), "previous policy", 0)
     report(evaluate(programs, _policy("per-element"), flow_names), "per-element policy "
            f"(SPREAD_FACTOR {tolerance.SPREAD_FACTOR:g}, RELATIVE_FLOOR {tolerance.RELATIVE_FLOOR:g})", show,
-           {program["name"]: program["spec"] for program in programs})
+           {program["name"]: program["attributed"] for program in programs})
     if sweep:
         saved = tolerance.SPREAD_FACTOR, tolerance.RELATIVE_FLOOR
         for spread_factor in (1.0, 2.0, 4.0, 8.0):
@@ -470,9 +480,41 @@ def judge_phase(corpus: Path, flow_names: list[str], show: int, sweep: bool) -> 
         tolerance.SPREAD_FACTOR, tolerance.RELATIVE_FLOOR = saved
 
 
+def attribute_phase(corpus: Path, flow_names: list[str]) -> None:
+    """Every unmutated lowering that fails against native references is run
+    again through the suite (a fresh lowering, with attribution by
+    intervention): a known finding, a new failure, or a pass (the
+    benchmark's failure did not recur). Stored in ``attributed.json``."""
+    from etprop import flows as flowreg
+    from etprop.oracles.sets import EQUIVALENCE
+    from etprop.verdicts.session import Session
+
+    programs = load(corpus, flow_names)
+    failing = evaluate(programs, _policy("per-element"), flow_names)["failing"]
+    session = Session(corpus / "artifacts")
+    try:
+        for flow in flow_names:
+            for name, message in failing[flow]["native"]:
+                target = corpus / name / "attributed.json"
+                done = json.loads(target.read_text()) if target.exists() else {}
+                if flow in done:
+                    continue
+                spec = json.loads((corpus / name / "spec.json").read_text())
+                result = session.run(spec, [flowreg.get(flow)], "equivalence", EQUIVALENCE, attribute=True)
+                (flow_result,) = result.results
+                new = result.new_failures + [r for f in result.followups for r in f.new_failures]
+                done[flow] = {"outcome": flow_result.outcome.value, "known": flow_result.known,
+                              "new": [r.message[:300] for r in new]}
+                target.write_text(json.dumps(done))
+                print(f"{name} {flow}: {done[flow]['known'] or ('new' if new else flow_result.outcome.value)}",
+                      flush=True)
+    finally:
+        session.close()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("phase", choices=("lower", "eager", "eager-here", "mutants", "judge", "all"))
+    parser.add_argument("phase", choices=("lower", "eager", "eager-here", "mutants", "attribute", "judge", "all"))
     parser.add_argument("--corpus", type=Path, default=Path("/tmp/etprop-sensitivity"))
     parser.add_argument("--programs", type=int, default=200)
     parser.add_argument("--flows", default=",".join(FLOWS))
@@ -495,6 +537,8 @@ def main() -> None:
         eager_phase(args.corpus, flow_names)
     if args.phase in ("mutants", "all"):
         mutants_phase(args.corpus)
+    if args.phase in ("attribute", "all"):
+        attribute_phase(args.corpus, flow_names)
     if args.phase in ("judge", "all"):
         judge_phase(args.corpus, flow_names, args.show, args.sweep)
 
