@@ -193,27 +193,26 @@ def test_inlined_control_flow_computes_the_same_values():
             torch.testing.assert_close(got, want)
 
 
-def test_reshaping_a_copy_computes_the_same_values_and_is_no_view():
-    """EXIR-003's equivalent form: the same values, and the reshape no longer a view of its operand."""
+def test_loops_over_copies_compute_the_same_values():
+    """EXIR-003's equivalent form: loop bodies start from copies of their
+    inputs and a reshaped weight is computed from a copy of its parameter;
+    the values are the same, and the weight is no longer a view."""
     import torch
 
     from etprop.program import builder
 
-    spec = _program([{"id": "v0", "op": "reshape", "args": ["x"], "attrs": {"shape": [4, 6]}},
-                     {"id": "v1", "op": "flatten", "args": ["v0"]},
-                     {"id": "v2", "op": "matmul", "args": ["v0"], "state": "w"}],
-                    {"w": _weight((24,), 1, [{"type": "reshape"}]) | {"shape": [6, 2]}},
-                    outputs=["v1", "v2"])
+    spec = _repro_spec("exir_view_in_loop_body.json")
     finding = next(f for f in known_findings.load() if f.id == "EXIR-003")
     copied, changed = neutralize(spec, list(finding.neutralize))
-    assert changed == 3
+    assert changed == 2
     original, rewritten = builder.build(spec), builder.build(copied)
-    rewritten.module.load_state_dict(original.module.state_dict())
+    assert "a7 = a7.clone()" in rewritten.source and "a7 = a7.clone()" not in original.source
     inputs = original.inputs("forward")
     for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
-    assert rewritten.module.w.weight.data_ptr() != rewritten.module.w.parametrizations.weight.original.data_ptr()
-    assert original.module.w.weight.data_ptr() == original.module.w.parametrizations.weight.original.data_ptr()
+    weight = rewritten.module.w11
+    assert weight.weight.data_ptr() != weight.parametrizations.weight.original.data_ptr()
+    assert original.module.w11.weight.data_ptr() == original.module.w11.parametrizations.weight.original.data_ptr()
 
 
 def test_a_neutralized_spec_that_does_not_export_leaves_the_failure_new(session, monkeypatch):

@@ -438,8 +438,12 @@ def _jittered_expression(node: dict, expression: str) -> str:
 
 
 def _function_lines(fn_name: str, params: list[str], body: dict, indent: str,
-                    returns: Optional[str] = None, jitter: bool = False) -> list[str]:
+                    returns: Optional[str] = None, jitter: bool = False, copy_inputs: bool = False) -> list[str]:
+    """A body function; ``copy_inputs`` starts it from copies of its inputs
+    (the same values, none of them a view of what the loop passes in: a
+    neutralization, see neutralize.py)."""
     lines = [f"{indent}def {fn_name}({', '.join(params)}):"]
+    lines += [f"{indent}    {param} = {param}.clone()" for param in params if copy_inputs]
     lines += _body_lines(body["nodes"], indent + "    ", jitter)
     result = returns or ", ".join(body["outputs"]) + ","
     lines.append(f"{indent}    return ({result})")
@@ -466,7 +470,8 @@ def _control_flow_lines(node: dict, indent: str, jitter: bool = False) -> list[s
         else:
             lines.append(f"{indent}{nid} = torch.cond({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
     elif op == "map":
-        lines += _function_lines(f"_{nid}_body", bodies[0]["params"], bodies[0], indent, jitter=jitter)
+        lines += _function_lines(f"_{nid}_body", bodies[0]["params"], bodies[0], indent, jitter=jitter,
+                                 copy_inputs=attrs.get("copy_inputs", False))
         if inline:
             rest = "".join(f", {a}" for a in args[1:])
             lines.append(f"{indent}{nid} = torch.stack([_{nid}_body(_{nid}_x{rest})[0] "
@@ -476,7 +481,8 @@ def _control_flow_lines(node: dict, indent: str, jitter: bool = False) -> list[s
     elif op == "scan":
         body = bodies[0]
         lines += _function_lines(f"_{nid}_combine", body["params"], body, indent,
-                                 returns=f"{body['outputs'][0]}, {body['outputs'][-1]}.clone()", jitter=jitter)
+                                 returns=f"{body['outputs'][0]}, {body['outputs'][-1]}.clone()", jitter=jitter,
+                                 copy_inputs=attrs.get("copy_inputs", False))
         if inline:
             lines += [f"{indent}_{nid}_carry, _{nid}_ys = {args[0]}, []",
                       f"{indent}for _{nid}_x in {args[1]}.unbind(0):",
