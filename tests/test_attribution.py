@@ -80,6 +80,7 @@ BROAD = {
     "COREAI-006": ("coreai", _repro_spec("coreai_control_flow_keyerror.json")),
     "EXIR-001": ("portable", _repro_spec("exir_two_cond_output_mismatch.json")),
     "EXIR-003": ("portable", _repro_spec("exir_view_in_loop_body.json")),
+    "KERNELS-001": ("xnnpack", _repro_spec("kernels_add_alpha_one_element_first_operand.json")),
     "XNN-008": ("xnnpack", _program(
         [{"id": "v0", "op": "buffer_update", "args": ["x"], "state": "s", "attrs": {"how": "add"}},
          {"id": "v1", "op": "tanh", "args": ["v0"]}],
