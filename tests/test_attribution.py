@@ -81,10 +81,6 @@ BROAD = {
     "EXIR-001": ("portable", _repro_spec("exir_two_cond_output_mismatch.json")),
     "EXIR-003": ("portable", _repro_spec("exir_view_in_loop_body.json")),
     "KERNELS-001": ("xnnpack", _repro_spec("kernels_add_alpha_one_element_first_operand.json")),
-    "XNN-008": ("xnnpack", _program(
-        [{"id": "v0", "op": "buffer_update", "args": ["x"], "state": "s", "attrs": {"how": "add"}},
-         {"id": "v1", "op": "tanh", "args": ["v0"]}],
-        {"s": {"kind": "buffer", "shape": [3, 8], "seed": 4, "mutable": True}})),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 
