@@ -459,6 +459,33 @@ def report(figures: dict, title: str, show: int, attributed: dict | None = None)
             print(f"    {flow} flip {name}: fails under {which}: {next(p for p in verdicts.values() if p)[:200]}")
 
 
+def nonfinite_cases(programs: list[dict], flow_names: list[str]) -> None:
+    """The unmutated (method, input) cases the previous policy failed on NaN
+    or infinity positions, judged again per element against float64: how
+    many now pass (with how many elements masked at the edge of the range)
+    and which still fail."""
+    from etprop import flows as flowreg
+    from etprop.oracles import tolerance
+
+    for flow in flow_names:
+        passing, masked, failing = 0, 0, []
+        for program in programs:
+            cases = program["lowered"].get(flow)
+            for (method, kind, reference), (_, _, actual) in zip(program["refs"]["native"][flow], cases or ()):
+                if previous_policy(reference, actual, flow) != "special":
+                    continue
+                judgement = tolerance.judge(reference, actual, flowreg.get(flow).runtime)
+                if judgement.problem:
+                    failing.append(f"{program['name']} {method} {kind}: {judgement.problem[:200]}")
+                else:
+                    passing += 1
+                    masked += judgement.unstable
+        print(f"  {flow}: {passing + len(failing)} cases with NaN/inf positions differing from eager; "
+              f"{passing} pass per element ({masked} elements masked or unstable), {len(failing)} fail")
+        for line in failing:
+            print(f"      {line}")
+
+
 def judge_phase(corpus: Path, flow_names: list[str], show: int, sweep: bool) -> None:
     from etprop.oracles import tolerance
 
@@ -473,6 +500,8 @@ def judge_phase(corpus: Path, flow_names: list[str], show: int, sweep: bool) -> 
     report(evaluate(programs, _policy("per-element"), flow_names), "per-element policy "
            f"(SPREAD_FACTOR {tolerance.SPREAD_FACTOR:g}, RELATIVE_FLOOR {tolerance.RELATIVE_FLOOR:g})", show,
            {program["name"]: program["attributed"] for program in programs})
+    print("non-finite values (cases the previous policy failed on NaN/inf positions):")
+    nonfinite_cases(programs, flow_names)
     if sweep:
         # SPREAD_FACTOR is baked into the references (the directional runs), so
         # the sweep varies only the floors.
