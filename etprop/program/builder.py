@@ -194,7 +194,7 @@ _JITTER = {"mode": None, "generator": None, "ulps": {}}
 
 
 def _jitter(value, op=None, magnitude=None):
-    """``value`` moved by u*eps*(ulps*|value| + magnitude) in its own dtype,
+    """``value`` moved by u*eps*(ulps*|value| + magnitude) in its own dtype (a subnormal by u*tiny),
     u being +1 ("up"), -1 ("down") or drawn from {-1, 0, 1} per element
     ("random"). ``ulps`` is the op's error budget (1 unless the caller sets
     one); ``magnitude``, for a sum of terms, gives the same sum of the terms'
@@ -204,9 +204,14 @@ def _jitter(value, op=None, magnitude=None):
     if mode is None or not isinstance(value, torch.Tensor) or not value.is_floating_point():
         return value
     wide, ulps = value.double(), _JITTER["ulps"]
-    scale = ulps.get(op, 1.0) * wide.abs()
+    info = torch.finfo(value.dtype)
+    eps = info.eps
+    # A subnormal may become 0 in a backend that flushes them (XNNPACK gave 0
+    # for a float16 softmax that eager kept at 6e-8, so ceil gave 0, not 1):
+    # subnormals move by the smallest normal.
+    subnormal = (wide != 0) & (wide.abs() < info.tiny)
+    scale = ulps.get(op, 1.0) * wide.abs() + torch.where(subnormal, info.tiny / eps, 0.0)
     terms = magnitude() if magnitude is not None else None
-    eps = torch.finfo(value.dtype).eps
     if terms is not None:
         # Sums accumulate in float32 (ATen and the backends, half types included).
         accumulated = torch.finfo(torch.float32).eps * ulps.get("sums", 1.0) / eps
