@@ -39,8 +39,6 @@ FLOWS = ("portable", "xnnpack", "coreai")
 VARIANTS = {
     "native": {},
     "native-1thread": {"OMP_NUM_THREADS": "1"},
-    "aten-avx2": {"ATEN_CPU_CAPABILITY": "avx2"},
-    "onednn-avx2": {"ONEDNN_MAX_CPU_ISA": "AVX2"},
     "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
     "default-1thread": {"ATEN_CPU_CAPABILITY": "default", "ONEDNN_MAX_CPU_ISA": "AVX2", "OMP_NUM_THREADS": "1"},
 }

@@ -272,9 +272,10 @@ def _eager_cond(operand, threshold, true_fn, false_fn, operands):
 
 
 def _layer(module, value):
-    """A layer; GroupNorm and LayerNorm with their variance moved by its
-    rounding error in a one-pass computation (E[x^2] - E[x]^2, as backends
-    do), eps * E[x^2]: for a nearly constant input far more than eps * var."""
+    """A layer; GroupNorm and LayerNorm with their mean and variance moved by
+    their rounding error in a one-pass computation over n terms (E[x^2] -
+    E[x]^2, as backends do), sqrt(n) * eps * E[x^2] for the variance: for a
+    nearly constant input far more than eps * var."""
     if _JITTER["mode"] is None or not isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
         return module(value)
     wide = value.double()
@@ -286,13 +287,14 @@ def _layer(module, value):
     # A sequential sum of n terms is off by about sqrt(n) roundings of their
     # magnitude (as in _var_terms): a kernel that sums a constant group of 80
     # values in order was 8 ulps off its mean, enough to move a normalized
-    # near-zero result by 6e-5.
+    # near-zero result by 6e-5; a one-pass variance (E[x^2] - E[x]^2) of 42
+    # values near 0.69 moved GroupNorm's output by 1 % where var << eps.
     count = grouped.numel() / max(mean.numel(), 1)
     mean = mean + (_signs(mean.shape) * torch.finfo(value.dtype).eps * count ** 0.5
                    * grouped.abs().mean(dims, keepdim=True))
     square = (grouped * grouped).mean(dims, keepdim=True)
     var = grouped.var(dims, correction=0, keepdim=True)
-    var = (var + _signs(var.shape) * torch.finfo(value.dtype).eps * square).clamp_min(0)
+    var = (var + _signs(var.shape) * torch.finfo(value.dtype).eps * count ** 0.5 * square).clamp_min(0)
     result = ((grouped - mean) / torch.sqrt(var + module.eps)).reshape(wide.shape)
     if module.weight is not None:
         shape = (1, -1) + (1,) * (wide.dim() - 2) if isinstance(module, nn.GroupNorm) else module.weight.shape
