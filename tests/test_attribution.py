@@ -81,6 +81,7 @@ BROAD = {
     "EXIR-001": ("portable", _repro_spec("exir_two_cond_output_mismatch.json")),
     "EXIR-003": ("portable", _repro_spec("exir_view_in_loop_body.json")),
     "KERNELS-001": ("xnnpack", _repro_spec("kernels_add_alpha_one_element_first_operand.json")),
+    "KERNELS-002": ("portable", _repro_spec("kernels_var_float16_overflow.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 

@@ -98,6 +98,14 @@ def _source(value: str, attrs: dict) -> str:
     return f"{value}.clone()" if attrs.get("clone_first") else value
 
 
+def _var(args, attrs):
+    """``in_float32``: the variance computed in float32 and cast back (what
+    eager does inside for half types; a neutralization)."""
+    if attrs.get("in_float32"):
+        return f"torch.var({args[0]}.float(){_kw(attrs, 'dim', 'correction', 'keepdim')}).to({args[0]}.dtype)"
+    return f"torch.var({args[0]}{_kw(attrs, 'dim', 'correction', 'keepdim')})"
+
+
 _OUT_OF_PLACE = {"add": "(self.{s} + {x})", "mul": "(self.{s} * {x})",
                  "copy": "{x}.expand_as(self.{s}).to(self.{s}.dtype)"}
 
@@ -161,7 +169,7 @@ OPS: dict[str, tuple[str, Render]] = {
     "mean": ("reduction", _call("torch.mean", "dim", "keepdim")),
     "amax": ("reduction", _call("torch.amax", "dim", "keepdim")),
     "amin": ("reduction", _call("torch.amin", "dim", "keepdim")),
-    "var": ("reduction", _call("torch.var", "dim", "correction", "keepdim")),
+    "var": ("reduction", lambda a, at, s: _var(a, at)),
     "softmax": ("softmax", _call("torch.softmax", "dim")),
     "log_softmax": ("softmax", _call("torch.log_softmax", "dim")),
     # views and data movement
