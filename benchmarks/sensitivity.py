@@ -445,9 +445,9 @@ def report(figures: dict, title: str, show: int, attributed: dict | None = None)
                            ("new" if done["new"] else f"{done['outcome']} on the re-run"))
                 verdicts[verdict] = verdicts.get(verdict, 0) + 1
             print(f"  {flow}: " + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items(), key=lambda kv: -kv[1])))
-    for flow in figures["judged"]:
+    for flow in figures["judged"] if attributed is not None else ():
         for name, message in figures["failing"][flow]["native"]:
-            done = (attributed or {}).get(name, {}).get(flow)
+            done = attributed.get(name, {}).get(flow)
             if done and done["known"]:
                 continue
             print(f"    {flow} failing {name}: {message[:240]}"
