@@ -82,6 +82,7 @@ BROAD = {
     "EXIR-003": ("portable", _repro_spec("exir_view_in_loop_body.json")),
     "KERNELS-001": ("xnnpack", _repro_spec("kernels_add_alpha_one_element_first_operand.json")),
     "KERNELS-002": ("portable", _repro_spec("kernels_var_float16_overflow.json")),
+    "XNN-011": ("xnnpack", _repro_spec("xnnpack_addmm_matrix_bias_first_row.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 

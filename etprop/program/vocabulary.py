@@ -46,6 +46,15 @@ def _gemm_functional(fn: str, *kwnames: str) -> Render:
     return render
 
 
+def _addmm(args, attrs, state):
+    """``separate_bias``: the product and the bias added as two ops (the same
+    values; a neutralization)."""
+    if not attrs.get("separate_bias"):
+        return _gemm_functional("torch.addmm", "beta", "alpha")(args, attrs, state)
+    product = f"torch.mm({args[0]}, {_weight_ref(state)}) * {attrs.get('alpha', 1)!r}"
+    return f"torch.add({product}, {_weight_ref(attrs['bias_state'])} * {attrs.get('beta', 1)!r})"
+
+
 def _linear_functional(args, attrs, state):
     bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
     return f"F.linear({args[0]}, {_weight_ref(state)}, {bias})"
@@ -128,7 +137,7 @@ OPS: dict[str, tuple[str, Render]] = {
     "conv2d": ("gemm", _conv_functional(2, False)),
     "conv_transpose1d": ("gemm", _conv_functional(1, True)),
     "conv_transpose2d": ("gemm", _conv_functional(2, True)),
-    "addmm": ("gemm", _gemm_functional("torch.addmm", "beta", "alpha")),
+    "addmm": ("gemm", lambda a, at, s: _addmm(a, at, s)),
     "mm": ("gemm", _gemm_functional("torch.mm")),
     "bmm": ("gemm", _gemm_functional("torch.bmm")),
     "matmul": ("gemm", _gemm_functional("torch.matmul")),
