@@ -83,6 +83,7 @@ BROAD = {
     "KERNELS-001": ("xnnpack", _repro_spec("kernels_add_alpha_one_element_first_operand.json")),
     "KERNELS-002": ("portable", _repro_spec("kernels_var_float16_overflow.json")),
     "XNN-011": ("xnnpack", _repro_spec("xnnpack_addmm_matrix_bias_first_row.json")),
+    "COREAI-012": ("coreai", _repro_spec("coreai_nearest_downsample_half_pixel.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 
@@ -212,6 +213,24 @@ def test_loops_over_copies_compute_the_same_values():
     weight = rewritten.module.w11
     assert weight.weight.data_ptr() != weight.parametrizations.weight.original.data_ptr()
     assert original.module.w11.weight.data_ptr() == original.module.w11.parametrizations.weight.original.data_ptr()
+
+
+@pytest.mark.parametrize("size", [[1, 9], [2, 11], [4, 5], [8, 22], [3, 7]])
+def test_nearest_by_index_is_nearest_interpolation(size):
+    """COREAI-012's equivalent form gives exactly F.interpolate(mode='nearest')."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _program([{"id": "v0", "op": "interpolate", "args": ["x"], "attrs": {"size": size, "mode": "nearest"}}],
+                    shape=(1, 2, 4, 11))
+    gathered, changed = neutralize(spec, [{"rewrite": "set_attrs", "ops": ["interpolate"], "attrs": {"by_index": True}}])
+    assert changed == 1
+    original, rewritten = builder.build(spec), builder.build(gathered)
+    assert "_nearest_by_index(x, [" in rewritten.source and "_nearest_by_index(x, [" not in original.source
+    inputs = original.inputs("forward")
+    torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
+                               rtol=0, atol=0)
 
 
 def test_a_neutralized_spec_that_does_not_export_leaves_the_failure_new(session, monkeypatch):

@@ -40,6 +40,17 @@ def _randn(shape, seed, scale=1.0):
     return torch.randn(shape, generator=generator) * scale
 
 
+def _nearest_by_index(x, size):
+    """F.interpolate(x, size, mode='nearest') as gathers: source index
+    floor(dst * in / out) per resized dim (a neutralization's equivalent form)."""
+    for offset, out in enumerate(size):
+        dim = x.dim() - len(size) + offset
+        count = x.shape[dim]
+        index = (torch.arange(out, dtype=torch.float64) * (count / out)).floor().long().clamp(max=count - 1)
+        x = x.index_select(dim, index)
+    return x
+
+
 def _reinit(module, seed):
     """Seeded values for every parameter and buffer, independent of global RNG."""
     generator = torch.Generator().manual_seed(seed)

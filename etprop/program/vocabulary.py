@@ -55,6 +55,16 @@ def _addmm(args, attrs, state):
     return f"torch.add({product}, {_weight_ref(attrs['bias_state'])} * {attrs.get('beta', 1)!r})"
 
 
+def _interpolate(args, attrs):
+    """``by_index``: a nearest resize to a given size written as gathers (the
+    same values; a neutralization)."""
+    if attrs.get("by_index") and attrs.get("mode", "nearest") == "nearest" and attrs.get("size"):
+        size = [attrs["size"]] if isinstance(attrs["size"], int) else list(attrs["size"])
+        return f"_nearest_by_index({args[0]}, {size!r})"
+    return _call("F.interpolate", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor",
+                 "antialias")(args, attrs, None)
+
+
 def _linear_functional(args, attrs, state):
     bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
     return f"F.linear({args[0]}, {_weight_ref(state)}, {bias})"
@@ -199,8 +209,7 @@ OPS: dict[str, tuple[str, Render]] = {
                                  "count_include_pad", "divisor_override")),
     "adaptive_avg_pool2d": ("pool", _call("F.adaptive_avg_pool2d", "output_size")),
     # resampling
-    "interpolate": ("resample", _call("F.interpolate", "size", "scale_factor", "mode", "align_corners",
-                                      "recompute_scale_factor", "antialias")),
+    "interpolate": ("resample", lambda a, at, s: _interpolate(a, at)),
     "pixel_shuffle": ("resample", _call("F.pixel_shuffle", "upscale_factor")),
     "pixel_unshuffle": ("resample", _call("F.pixel_unshuffle", "downscale_factor")),
     # state
