@@ -86,7 +86,7 @@ def mutate_outputs(kind: str, outputs: list, rng: random.Random) -> Optional[lis
     return result
 
 
-def _drop_bias(spec: dict, rng: random.Random) -> list[tuple[dict, str]]:
+def _drop_bias(spec: dict) -> list:
     options = []
     for name, entry in spec["state"].items():
         if entry["kind"] == "layer" and entry["type"] in BIAS_LAYERS and entry["kwargs"].get("bias", True):
@@ -103,7 +103,7 @@ def _drop_bias(spec: dict, rng: random.Random) -> list[tuple[dict, str]]:
     return options
 
 
-def _switch_approximation(spec: dict, rng: random.Random) -> list:
+def _switch_approximation(spec: dict) -> list:
     options = []
     for method, node in all_nodes(spec):
         if node["op"] == "gelu":
@@ -116,7 +116,7 @@ def _switch_approximation(spec: dict, rng: random.Random) -> list:
     return options
 
 
-def _reduce_other_axis(spec: dict, rng: random.Random) -> list:
+def _reduce_other_axis(spec: dict) -> list:
     options = []
     for method, node in all_nodes(spec):
         dim = node.get("attrs", {}).get("dim")
@@ -128,7 +128,7 @@ def _reduce_other_axis(spec: dict, rng: random.Random) -> list:
     return options
 
 
-def _reset_argument(spec: dict, rng: random.Random) -> list:
+def _reset_argument(spec: dict) -> list:
     options = []
     for method, node in all_nodes(spec):
         attrs = node.get("attrs", {})
@@ -140,7 +140,7 @@ def _reset_argument(spec: dict, rng: random.Random) -> list:
     return options
 
 
-_SPEC_EDITS: dict[str, Callable[[dict, random.Random], list]] = {
+_SPEC_EDITS: dict[str, Callable[[dict], list]] = {
     "drop_bias": _drop_bias,
     "switch_approximation": _switch_approximation,
     "reduce_other_axis": _reduce_other_axis,
@@ -160,7 +160,7 @@ def mutate_spec(kind: str, spec: dict, rng: random.Random) -> list[tuple[dict, s
     (mutated copy, description); the caller takes the first that builds and
     keeps the outputs' shapes (a changed shape is caught trivially)."""
     try:
-        options = _SPEC_EDITS[kind](spec, rng)
+        options = _SPEC_EDITS[kind](spec)
     except KeyError:
         raise ValueError(f"unknown spec mutant {kind!r}; known: {', '.join(SPEC_MUTANTS)}") from None
     rng.shuffle(options)
