@@ -111,12 +111,6 @@ def _slice(args, attrs, state):
     return f"{args[0]}[{', '.join(index)}]"
 
 
-def _source(value: str, attrs: dict) -> str:
-    """The operand of a reshaping op; ``clone_first`` reshapes a copy (the same
-    values, but not a view of the operand: a neutralization)."""
-    return f"{value}.clone()" if attrs.get("clone_first") else value
-
-
 def _var(args, attrs):
     """``in_float32``: the variance computed in float32 and cast back (what
     eager does inside for half types; a neutralization)."""
@@ -147,7 +141,7 @@ OPS: dict[str, tuple[str, Render]] = {
     "conv2d": ("gemm", _conv_functional(2, False)),
     "conv_transpose1d": ("gemm", _conv_functional(1, True)),
     "conv_transpose2d": ("gemm", _conv_functional(2, True)),
-    "addmm": ("gemm", lambda a, at, s: _addmm(a, at, s)),
+    "addmm": ("gemm", _addmm),
     "mm": ("gemm", _gemm_functional("torch.mm")),
     "bmm": ("gemm", _gemm_functional("torch.bmm")),
     "matmul": ("gemm", _gemm_functional("torch.matmul")),
