@@ -186,10 +186,10 @@ OPS: dict[str, tuple[str, Render]] = {
     "softmax": ("softmax", _call("torch.softmax", "dim")),
     "log_softmax": ("softmax", _call("torch.log_softmax", "dim")),
     # views and data movement
-    "reshape": ("view", lambda a, at, s: f"{_source(a[0], at)}.reshape({tuple(at['shape'])!r})"),
+    "reshape": ("view", lambda a, at, s: f"{a[0]}.reshape({tuple(at['shape'])!r})"),
     "permute": ("view", lambda a, at, s: f"{a[0]}.permute({tuple(at['dims'])!r})"),
     "transpose": ("view", lambda a, at, s: f"{a[0]}.transpose({at['dim0']!r}, {at['dim1']!r})"),
-    "flatten": ("view", lambda a, at, s: f"torch.flatten({_source(a[0], at)}{_kw(at, 'start_dim', 'end_dim')})"),
+    "flatten": ("view", _call("torch.flatten", "start_dim", "end_dim")),
     "unsqueeze": ("view", lambda a, at, s: f"{a[0]}.unsqueeze({at['dim']!r})"),
     "squeeze": ("view", lambda a, at, s: f"{a[0]}.squeeze({at['dim']!r})"),
     "slice": ("view", _slice),
