@@ -81,6 +81,29 @@ def test_gate_passes_for_a_flow_against_itself_and_fails_a_broken_candidate(tmp_
     assert "VERDICT: FAIL" in broken.stdout and "test-broken-weights" in broken.stdout
 
 
+def test_a_campaign_shrinks_places_and_reports_its_defect(tmp_path):
+    """Failures are recorded while the property explores on; triage then
+    shrinks one, places it and writes its issue draft; defects come first."""
+    from etprop.verdicts import repro
+
+    artifacts = tmp_path / "a"
+    result = etprop("fuzz", "--flow-module", BROKEN, "--flows", "test-broken-weights", "--examples", "2",
+                    "--properties", "mixed_programs", "--workers", "1", "--minutes", "10",
+                    "--artifacts", str(artifacts))
+    assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
+    records = Summary.load(artifacts).records
+    assert len(records) == 2 and all(r["flows"][0]["outcome"] == "mismatch" for r in records), \
+        "the property stopped at its first failure"
+    (defect,) = list((artifacts / "defects").glob("*/defect.json"))
+    shrunk = repro.read(defect.parent / "shrunk.json")
+    assert shrunk["shrink"]["one_minimal"] and shrunk["shrink"]["nodes"] < shrunk["shrink"]["nodes_before"]
+    assert (defect.parent / "draft.md").read_text().startswith("# test-broken-weights backend: mismatch")
+    summary = result.stdout[result.stdout.index("examples; "):]
+    assert "1 defect(s) shrunk and placed, 0 failure group(s) queued" in summary
+    assert summary.index("[test-broken-weights backend]") < summary.index("property x flow: outcomes")
+    assert "issue draft" in (artifacts / "reports" / "report.html").read_text()
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -112,7 +135,8 @@ def redis_url(tmp_path):
 def test_two_fuzz_processes_share_one_redis_database(tmp_path, redis_url):
     """Shard 0 finds a failure and stores it; shard 1 (other seeds) replays it first."""
     common = ["fuzz", "--flow-module", BROKEN, "--flows", "test-broken-weights", "--examples", "1",
-              "--properties", "mixed_programs", "--no-shrink", "--db", redis_url, "--minutes", "10"]
+              "--properties", "mixed_programs", "--no-shrink", "--db", redis_url, "--minutes", "10",
+              "--workers", "1"]
     first = etprop(*common, "--shard", "0/2", "--artifacts", str(tmp_path / "a"))
     assert first.returncode == 1, first.stdout[-2000:]
     second = etprop(*common, "--shard", "1/2", "--artifacts", str(tmp_path / "b"))
@@ -154,7 +178,8 @@ def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
     text = markdown.read_text()
     assert "| mixed | `xnnpack` | 2 | 1 pass, 1 mismatch |" in text
     page = html_path.read_text()
-    assert "&lt;differs&gt;" in page and "repros/mixed--xnnpack--mismatch.json" in page and "<td><code>addmm" in page
+    assert "&lt;differs&gt;" in page and "repros/history/mixed--b.json" in page and "<td><code>addmm" in page
+    assert page.index("Defects") < page.index("Outcomes per property and flow")
 
 
 def test_html_report_renders_in_headless_chromium(tmp_path):

@@ -47,7 +47,8 @@ def test_campaign_killed_with_sigkill_leaves_every_failure_replayable(tmp_path):
     artifacts = tmp_path / "artifacts"
     campaign = subprocess.Popen(
         [sys.executable, "-m", "etprop.commands.cli", "fuzz", "--flow-module", BROKEN, "--flows", "test-broken-weights",
-         "--properties", "mixed_programs", "--minutes", "10", "--no-shrink", "--artifacts", str(artifacts)],
+         "--properties", "mixed_programs", "--minutes", "10", "--no-shrink", "--workers", "1",
+         "--artifacts", str(artifacts)],
         cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     deadline = time.monotonic() + 600
     try:

@@ -27,8 +27,10 @@ from etprop.commands.report import Summary, write_reports
 from etprop.verdicts.outcomes import Outcome
 
 EXAMPLES_PER_ROUND = 4
-# How long a round may run past the budget to finish shrinking a failure.
-SHRINK_GRACE_SECONDS = 600
+# How long a round may run past the budget (an example under way finishes).
+ROUND_GRACE_SECONDS = 600
+# At most this share of the budget goes to shrinking and placing new failures.
+TRIAGE_SHARE = 1 / 3
 
 
 def properties_dir() -> Path:
@@ -102,7 +104,7 @@ class Campaign:
     def _env(self, deadline: float) -> dict:
         env = dict(os.environ)
         env.update(ETPROP_FLOWS=",".join(self.flows), ETPROP_ARTIFACTS=str(self.artifacts.resolve()),
-                   ETPROP_PROFILE="fuzz" if self.shrink else "fuzz-noshrink", ETPROP_DEADLINE=str(deadline),
+                   ETPROP_PROFILE="fuzz-noshrink", ETPROP_RECORD_ONLY="1", ETPROP_DEADLINE=str(deadline),
                    ETPROP_DB=self.db or str((self.artifacts / "hypothesis-db").resolve()),
                    ETPROP_DB_READONLY=self.db_readonly, ETPROP_FLOW_MODULE=",".join(self.flow_modules))
         return env
@@ -117,10 +119,36 @@ class Campaign:
             command += ["-k", self.properties]
         return command
 
+    def _triage(self, until: float) -> None:
+        """Shrink and place queued failure groups, one worker process per
+        group, at most ``workers`` at a time, until ``until``."""
+        from etprop.commands.triage import Triage
+
+        triage = Triage(self.artifacts)
+        queued = len(triage.pending(triage.groups(Summary.load(self.artifacts).records)))
+        if not queued:
+            return
+        command = [sys.executable, "-m", "etprop.commands.cli", "shrink", "--pending", "--artifacts",
+                   str(self.artifacts), "--until", str(until), "--max-groups", "1"]
+        for module in self.flow_modules:
+            command += ["--flow-module", module]
+        running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                   for _ in range(min(self.workers, queued))]
+        for process in running:
+            try:
+                output, _ = process.communicate(timeout=max(0.0, until - time.time()) + ROUND_GRACE_SECONDS)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                output, _ = process.communicate()
+            for line in output.splitlines():
+                if line.startswith("triage "):
+                    print("  " + line)
+
     def run(self) -> int:
         self.artifacts.mkdir(parents=True, exist_ok=True)
         started = time.time()
         deadline = started + self.minutes * 60
+        triage_budget, triage_spent = self.minutes * 60 * TRIAGE_SHARE, 0.0
         print(f"etprop fuzz: flows {', '.join(self.flows)}; budget {self.minutes:g} min"
               + (f" or {self.examples} examples per property x flow" if self.examples else "")
               + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; artifacts {self.artifacts}")
@@ -134,7 +162,7 @@ class Campaign:
             remaining = deadline - time.time()
             try:
                 completed = subprocess.run(self._pytest_command(round_index, per_round), env=self._env(deadline),
-                                           timeout=remaining + SHRINK_GRACE_SECONDS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                           timeout=remaining + ROUND_GRACE_SECONDS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                            text=True)
                 status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
                     completed.returncode, f"pytest exit {completed.returncode}")
@@ -154,7 +182,13 @@ class Campaign:
                 internal_rounds += 1
                 print(completed.stdout[-3000:])
                 break
+            if self.shrink and triage_spent < triage_budget and time.time() < deadline - 10:
+                began = time.time()
+                self._triage(min(deadline, began + triage_budget - triage_spent))
+                triage_spent += time.time() - began
         summary = Summary.load(self.artifacts)
+        if self.shrink:
+            print(f"triage: {triage_spent:.0f} s of {triage_budget:.0f} s allowed")
         print(summary.text())
         paths = write_reports(summary, self.artifacts / "reports")
         print("reports: " + ", ".join(str(p) for p in paths))

@@ -64,6 +64,18 @@ def cmd_repro(args) -> int:
 def cmd_shrink(args) -> int:
     from etprop.commands.shrink import shrink_file
 
+    if args.pending:
+        import time
+
+        from etprop.commands.triage import run_queue
+
+        until = args.until or (time.time() + args.minutes * 60 if args.minutes else None)
+        done = run_queue(Path(args.artifacts), until, flow_modules=args.flow_module, max_groups=args.max_groups,
+                         max_checks=args.max_checks)
+        print(f"shrink --pending: {done} group(s) shrunk and placed under {Path(args.artifacts) / 'defects'}")
+        return 0
+    if not args.file:
+        raise UsageError("name a repro file to shrink, or pass --pending to shrink a campaign's queued failures")
     shrink_file(Path(args.file), Path(args.output) if args.output else None, args.match, args.flow,
                 args.max_checks, flow_modules=args.flow_module)
     return 0
@@ -113,13 +125,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--minutes", type=float, default=5.0, help="time budget (default: 5)")
     p.add_argument("--examples", type=int, default=0,
                    help="stop after this many examples per property and flow (default: no limit)")
-    p.add_argument("--workers", type=int, default=1, help="pytest-xdist workers on this machine")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
+                   help="pytest-xdist workers on this machine (default: one per core)")
     p.add_argument("--shard", default="0/1", help="this machine's shard, i/N (seeds differ per shard)")
     p.add_argument("--db", default="", help="example database: a directory or redis://host:port/db")
     p.add_argument("--db-readonly", default="", help="a database to replay without writing to it")
     p.add_argument("--properties", default="", help="pytest -k expression selecting properties")
     p.add_argument("--no-shrink", action="store_true",
-                   help="report failures as found, without shrinking (quick smoke runs)")
+                   help="record failures as found, without shrinking, merging or placing them (quick smoke runs)")
     p.set_defaults(func=cmd_fuzz)
 
     p = sub.add_parser("repro", help="replay one repro file; exit 1 while the defect is present")
@@ -136,9 +149,15 @@ def build_parser() -> argparse.ArgumentParser:
                    help="only validate the file (schema, names, sizes, shapes); build and run nothing")
     p.set_defaults(func=cmd_repro)
 
-    p = sub.add_parser("shrink", help="shrink a repro file to the smallest spec that fails the same way")
+    p = sub.add_parser("shrink", help="shrink a repro file to the smallest spec that fails the same way, "
+                                      "or a campaign's queued failures (--pending)")
     _add_common(p)
-    p.add_argument("file")
+    p.add_argument("file", nargs="?")
+    p.add_argument("--pending", action="store_true",
+                   help="shrink, merge and place the failure groups a campaign under --artifacts left queued")
+    p.add_argument("--minutes", type=float, default=0, help="with --pending: time budget (default: none)")
+    p.add_argument("--until", type=float, default=0, help=argparse.SUPPRESS)
+    p.add_argument("--max-groups", type=int, default=None, help="with --pending: groups to take at most")
     p.add_argument("--output", default="", help="where to write (default: FILE with .shrunk.json)")
     p.add_argument("--match", default=None,
                    help="a regular expression the failure message must keep matching")

@@ -19,8 +19,52 @@ from etprop.verdicts.repro import atomic_write
 
 
 @dataclass
+class DefectRow:
+    """One defect (or one queued group, not yet shrunk) with what it was seen as."""
+
+    title: str
+    layer: str
+    hits: int
+    cells: dict
+    repro: str
+    draft: str = ""
+    nodes: int = 0
+    one_minimal: bool = False
+    message: str = ""
+
+
+@dataclass
 class Summary:
     records: list[dict] = field(default_factory=list)
+    artifacts: Path | None = None
+
+    def defects(self) -> tuple[list[DefectRow], list[DefectRow]]:
+        """(defects, queued groups), most hits first: the report's first section."""
+        from etprop.commands.triage import Triage
+
+        if self.artifacts is None:
+            return [], []
+        triage = Triage(self.artifacts)
+        found = triage.defects()
+        defects, queued = [], []
+        for key, group in triage.groups(self.records).items():
+            defect = found.get(key)
+            if defect is None:
+                queued.append(DefectRow(group.signature, "not placed yet (queued)", len(group.members),
+                                        group.cells(), group.representative["repro"],
+                                        nodes=group.representative["nodes"],
+                                        message=group.representative["message"]))
+                continue
+            where = triage.directory(key)
+            ops = ", ".join(defect.ops) or "-"
+            title = (f"{defect.outcome} on {defect.flow} ({ops})" if defect.reproduced
+                     else f"{defect.outcome} on {defect.flow}: did not recur when run again")
+            defects.append(DefectRow(title, defect.layer, len(group.members), group.cells(),
+                                     str(where / "shrunk.json") if defect.reproduced else group.representative["repro"],
+                                     str(where / "draft.md") if defect.reproduced else "", defect.nodes,
+                                     defect.one_minimal, defect.message or group.representative["message"]))
+        order = lambda row: (row.layer, -row.hits, row.title)
+        return sorted(defects, key=order), sorted(queued, key=order)
 
     @classmethod
     def load(cls, artifacts: Path) -> "Summary":
@@ -31,7 +75,7 @@ class Summary:
                     records.append(json.loads(line))
                 except json.JSONDecodeError:
                     continue  # a line cut by a killed process; the rest stays readable
-        return cls(records)
+        return cls(records, Path(artifacts))
 
     def cells(self) -> dict[tuple[str, str], Counter]:
         cells: dict[tuple[str, str], Counter] = defaultdict(Counter)
@@ -89,29 +133,53 @@ class Summary:
                 coverage[flow["flow"]].update(record.get("ops", []))
         return dict(coverage)
 
+    def _cells_text(self, row: DefectRow) -> str:
+        return ", ".join(f"{cell} ({n})" for cell, n in sorted(row.cells.items(), key=lambda kv: -kv[1]))
+
+    def headline(self) -> str:
+        defects, queued = self.defects()
+        failing = sum(row.hits for row in defects + queued)
+        return (f"{self.total_examples()} examples; {failing} new failing flow results in "
+                f"{len({c for row in defects + queued for c in row.cells})} property x flow cells: "
+                f"{len(defects)} defect(s) shrunk and placed, {len(queued)} failure group(s) queued; "
+                f"{self.known_count()} hits on known findings")
+
     def text(self) -> str:
-        lines = ["", "summary (property x flow: outcomes)"]
+        defects, queued = self.defects()
+        lines = ["", self.headline()]
+        if defects:
+            lines.append("defects, by layer (hits: failing flow results; cells: property x flow where seen)")
+        for row in defects:
+            lines.append(f"  [{row.layer}] {row.title}: {row.hits} hit(s); {row.nodes} node(s)"
+                         + (", 1-minimal" if row.one_minimal else ""))
+            lines.append(f"    seen in: {self._cells_text(row)}")
+            lines.append(f"    repro: {row.repro}" + (f"  draft: {row.draft}" if row.draft else ""))
+        if queued:
+            lines.append("queued failure groups (not shrunk yet: etprop shrink --pending --artifacts "
+                         f"{self.artifacts}):")
+        for row in queued:
+            lines.append(f"  {row.title}: {row.hits} hit(s), smallest {row.nodes} node(s); repro: {row.repro}")
+        lines += ["", "property x flow: outcomes"]
         for (prop, flow), counts in sorted(self.cells().items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             lines.append(f"  {prop:24} {flow:22} {sum(counts.values()):5} examples: {outcome_text}")
-        failures = self.failures()
-        lines.append(f"new failures: {len(failures)}")
-        for failure in failures:
-            lines.append(f"  {failure['property']} / {failure['flow']}: {failure['outcome']}: "
-                         f"{failure['message'][:160]}")
-            lines.append(f"    repro: {failure['repro']}")
         return "\n".join(lines)
 
     def markdown(self) -> str:
-        lines = ["## etprop campaign", "", "| property | flow | examples | outcomes |", "|---|---|---|---|"]
+        defects, queued = self.defects()
+        lines = ["## etprop campaign", "", self.headline(), ""]
+        if defects or queued:
+            lines += ["| layer | defect | hits | seen in | repro |", "|---|---|---|---|---|"]
+        for row in defects:
+            draft = f" ([draft]({row.draft}))" if row.draft else ""
+            lines.append(f"| {row.layer} | {row.title}, {row.nodes} node(s){', 1-minimal' if row.one_minimal else ''} "
+                         f"| {row.hits} | {self._cells_text(row)} | `{row.repro}`{draft} |")
+        for row in queued:
+            lines.append(f"| queued | `{row.title}` | {row.hits} | {self._cells_text(row)} | `{row.repro}` |")
+        lines += ["", "| property | flow | examples | outcomes |", "|---|---|---|---|"]
         for (prop, flow), counts in sorted(self.cells().items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             lines.append(f"| {prop} | `{flow}` | {sum(counts.values())} | {outcome_text} |")
-        failures = self.failures()
-        lines += ["", f"**New failures: {len(failures)}**", ""]
-        for failure in failures:
-            lines.append(f"- `{failure['flow']}` / {failure['property']}: **{failure['outcome']}**: "
-                         f"{failure['message'][:200]} (repro: `{failure['repro']}`)")
         return "\n".join(lines) + "\n"
 
     def html(self) -> str:
@@ -120,6 +188,14 @@ class Summary:
             return "".join(f'<span class="o {esc(o.split()[0])}">{n} {esc(o)}</span>'
                            for o, n in counts.most_common())
 
+        defects, queued = self.defects()
+        defect_rows = "".join(
+            f"<tr><td>{esc(row.layer)}</td><td>{esc(row.title)}<br><small>{row.nodes} node(s)"
+            f"{', 1-minimal' if row.one_minimal else ''}</small><pre>{esc(row.message[:1500])}</pre></td>"
+            f"<td>{row.hits}</td>"
+            f"<td>{esc(self._cells_text(row))}</td><td><a href='{esc(row.repro)}'>repro</a>"
+            + (f" <a href='{esc(row.draft)}'>issue draft</a>" if row.draft else "") + "</td></tr>"
+            for row in defects + queued) or "<tr><td colspan=5>none</td></tr>"
         rows = "".join(
             f"<tr><td>{esc(prop)}</td><td><code>{esc(flow)}</code></td><td>{sum(c.values())}</td>"
             f"<td>{badges(c)}</td></tr>" for (prop, flow), c in sorted(self.cells().items()))
@@ -130,20 +206,15 @@ class Summary:
             f"<tr><td><code>{esc(op)}</code></td>"
             + "".join(f"<td class='{'hit' if coverage[f][op] else 'miss'}'>{coverage[f][op]}</td>"
                       for f in sorted(coverage)) + "</tr>" for op in all_ops)
-        failures = "".join(
-            f"<li><b>{esc(f['flow'])}</b> / {esc(f['property'])}: <b>{esc(f['outcome'])}</b> "
-            f"<a href='{esc(str(f['repro'] or ''))}'>repro</a><pre>{esc(f['message'][:1500])}</pre></li>"
-            for f in self.failures()) or "<li>none</li>"
         return f"""<!doctype html><html><head><meta charset="utf-8"><title>etprop campaign</title>
 <style>body{{font-family:sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse;margin-bottom:2em}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}th{{background:#eee}}
 .o{{display:inline-block;margin-right:6px;padding:1px 6px;border-radius:4px;background:#fdd}}
 .o.pass{{background:#cfc}}.o.unsupported{{background:#eee}}.hit{{background:#cfc}}.miss{{background:#fdd}}
 pre{{background:#f6f6f6;padding:6px;white-space:pre-wrap}}</style></head><body>
-<h1>etprop campaign</h1><p>{self.total_examples()} examples, {len(self.failures())} new failures,
-{self.known_count()} hits on known defects.</p>
+<h1>etprop campaign</h1><p>{esc(self.headline())}</p>
+<h2>Defects</h2><table><tr><th>layer</th><th>defect</th><th>hits</th><th>seen in</th><th>files</th></tr>{defect_rows}</table>
 <h2>Outcomes per property and flow</h2><table><tr><th>property</th><th>flow</th><th>examples</th><th>outcomes</th></tr>{rows}</table>
-<h2>Failures</h2><ul>{failures}</ul>
 <h2>Op coverage (examples containing each op)</h2><table><tr><th>op</th>{cov_head}</tr>{cov_rows}</table>
 </body></html>"""
 

@@ -13,7 +13,9 @@ the isolated worker, so a repro that crashes or hangs shrinks too.
 from __future__ import annotations
 
 import copy
+import math
 import re
+import time
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,6 +84,90 @@ def _bypass(body: dict, node: dict, replacement: str) -> None:
     body["outputs"] = [replacement if o == node["id"] else o for o in body["outputs"]]
 
 
+def _bypass_chunk(body: dict, positions: list[int]) -> bool:
+    """Bypass several nodes at once, each by its first argument (last first,
+    so a chain inside the chunk collapses onto what feeds it)."""
+    nodes = body["nodes"]
+    if any(not nodes[p].get("args") for p in positions):
+        return False
+    for position in sorted(positions, reverse=True):
+        _bypass(body, nodes[position], nodes[position]["args"][0])
+    return True
+
+
+def _node_removals(spec: dict) -> Iterator[tuple[str, dict]]:
+    """Delta debugging over each body's nodes: halves, quarters, ... (bulk
+    removals cost one lowering for many nodes), then one node by each of its arguments."""
+    for where, body in list(_bodies(spec)):
+        count = len(body["nodes"])
+        chunk = count // 2
+        while chunk >= 2:
+            for first in range(count - chunk, -1, -chunk):
+                smaller = copy.deepcopy(spec)
+                if _bypass_chunk(dict(_bodies(smaller))[where], list(range(first, first + chunk))):
+                    yield f"bypass nodes {first}..{first + chunk - 1} of {where}", smaller
+            chunk //= 2
+    for where, body in list(_bodies(spec)):
+        for position in reversed(range(len(body["nodes"]))):
+            node = body["nodes"][position]
+            for arg in dict.fromkeys(node.get("args", [])):
+                smaller = copy.deepcopy(spec)
+                target = dict(_bodies(smaller))[where]
+                _bypass(target, target["nodes"][position], arg)
+                yield f"bypass {node['op']} {node['id']} in {where} with {arg}", smaller
+
+
+def _simplifications(spec: dict) -> Iterator[tuple[str, dict]]:
+    """Same nodes, simpler program: float32 for a low-precision dtype, one
+    input read in place of another of its shape, static shapes, smaller
+    inputs, arguments back to their defaults."""
+    low_precision = spec.get("dtype", "float32") != "float32" or any(
+        inp.get("dtype", "float32") not in ("float32", "int64", "bool")
+        for body in spec["methods"].values() for inp in body["inputs"]) or any(
+        entry.get("dtype") for entry in spec.get("state", {}).values())
+    if low_precision:
+        smaller = copy.deepcopy(spec)
+        smaller.pop("dtype", None)
+        for body in smaller["methods"].values():
+            for inp in body["inputs"]:
+                if inp.get("dtype") in ("float16", "bfloat16"):
+                    inp["dtype"] = "float32"
+        for entry in smaller.get("state", {}).values():
+            if entry.get("dtype") in ("float16", "bfloat16"):
+                del entry["dtype"]
+        yield "float32 instead of a low-precision dtype", smaller
+    for method, body in spec["methods"].items():
+        inputs = body["inputs"]
+        for keep, inp in enumerate(inputs):
+            for drop, other in enumerate(inputs):
+                if drop != keep and other["shape"] == inp["shape"] and other.get("dtype") == inp.get("dtype"):
+                    smaller = copy.deepcopy(spec)
+                    target = smaller["methods"][method]
+                    for node in specmod.iter_nodes(target["nodes"]):
+                        node["args"] = [inp["name"] if a == other["name"] else a for a in node.get("args", [])]
+                    target["outputs"] = [inp["name"] if o == other["name"] else o for o in target["outputs"]]
+                    yield f"read input {inp['name']} for {other['name']} in {method}", smaller
+        for index, inp in enumerate(inputs):
+            if inp.get("dynamic"):
+                smaller = copy.deepcopy(spec)
+                del smaller["methods"][method]["inputs"][index]["dynamic"]
+                yield f"static shape for input {inp['name']} of {method}", smaller
+                continue
+            for dim, extent in enumerate(inp["shape"]):
+                for new in dict.fromkeys((1, extent // 2)):
+                    if 1 <= new < extent:
+                        smaller = copy.deepcopy(spec)
+                        smaller["methods"][method]["inputs"][index]["shape"][dim] = new
+                        yield f"input {inp['name']} of {method}: dim {dim} {extent} -> {new}", smaller
+    for method, node in list(specmod.all_nodes(spec)):
+        for name in node.get("attrs", {}):
+            smaller = copy.deepcopy(spec)
+            twin = next(n for m, n in specmod.all_nodes(smaller) if m == method and n["id"] == node["id"]
+                        and n.get("attrs", {}).get(name) == node["attrs"][name])
+            del twin["attrs"][name]
+            yield f"{node['op']} {node['id']}: {name} back to its default", smaller
+
+
 def candidates(spec: dict) -> Iterator[tuple[str, dict]]:
     """Smaller variants of ``spec``, most reducing first."""
     methods = list(spec["methods"])
@@ -102,14 +188,7 @@ def candidates(spec: dict) -> Iterator[tuple[str, dict]]:
                 smaller = copy.deepcopy(spec)
                 del smaller["methods"][method]["outputs"][index]
                 yield f"drop output {out} of {method}", smaller
-    for where, body in list(_bodies(spec)):
-        for position in reversed(range(len(body["nodes"]))):
-            node = body["nodes"][position]
-            for arg in dict.fromkeys(node.get("args", [])):
-                smaller = copy.deepcopy(spec)
-                target = dict(_bodies(smaller))[where]
-                _bypass(target, target["nodes"][position], arg)
-                yield f"bypass {node['op']} {node['id']} in {where} with {arg}", smaller
+    yield from _node_removals(spec)
     for name, entry in spec.get("state", {}).items():
         for index, parametrization in enumerate(entry.get("parametrizations", [])):
             smaller = copy.deepcopy(spec)
@@ -117,12 +196,23 @@ def candidates(spec: dict) -> Iterator[tuple[str, dict]]:
             if not smaller["state"][name]["parametrizations"]:
                 del smaller["state"][name]["parametrizations"]
             yield f"drop parametrization {parametrization['type']} of {name}", smaller
+    yield from _simplifications(spec)
 
 
-def size(spec: dict) -> tuple[int, int, int]:
+def size(spec: dict) -> tuple:
+    """What shrinking decreases, most important first: nodes; methods,
+    outputs and parametrizations; inputs; low-precision values; attributes;
+    input elements; text."""
     params = sum(len(e.get("parametrizations", [])) for e in spec.get("state", {}).values())
     outputs = sum(len(body["outputs"]) for body in spec["methods"].values())
-    return specmod.count_ops(spec), params + outputs + len(spec["methods"]), len(specmod.dumps(spec))
+    inputs = [inp for body in spec["methods"].values() for inp in body["inputs"]]
+    low = int(spec.get("dtype", "float32") != "float32") + sum(
+        inp.get("dtype") in ("float16", "bfloat16") for inp in inputs) + sum(
+        1 for e in spec.get("state", {}).values() if e.get("dtype") in ("float16", "bfloat16"))
+    attrs = sum(len(node.get("attrs", {})) for _, node in specmod.all_nodes(spec))
+    elements = sum(math.prod(inp["shape"]) + len(inp.get("dynamic", [])) for inp in inputs)
+    return (specmod.count_ops(spec), params + outputs + len(spec["methods"]), len(inputs), low, attrs,
+            elements, len(specmod.dumps(spec)))
 
 
 @dataclass
@@ -166,30 +256,52 @@ def _is_valid(spec: dict) -> bool:
     return True
 
 
-def shrink(spec: dict, still_fails: Callable[[dict], bool], log: Callable[[str], None] = print,
-           max_checks: int = 400) -> dict:
+@dataclass
+class Shrunk:
+    """A shrink's result. ``one_minimal``: a whole pass over every candidate
+    (each single removal or simplification that still builds) kept none, so
+    undoing any one step of it makes the failure go."""
+
+    spec: dict
+    checks: int
+    one_minimal: bool
+
+    def facts(self, original: dict) -> dict:
+        return {"one_minimal": self.one_minimal, "checks": self.checks,
+                "nodes_before": specmod.count_ops(original), "nodes": specmod.count_ops(self.spec)}
+
+
+def shrink_to(spec: dict, still_fails: Callable[[dict], bool], log: Callable[[str], None] = print,
+              max_checks: int = 400, deadline: Optional[float] = None) -> Shrunk:
     """Greedy: take the first smaller candidate that still fails, start over;
-    stop when no candidate does (a local minimum) or after ``max_checks``."""
+    stop at a 1-minimal spec, after ``max_checks`` lowerings or at ``deadline``."""
     best = prune(spec)
     if best != spec and not still_fails(best):
         best = spec
     checks = 0
-    improved = True
-    while improved and checks < max_checks:
+    improved, exhausted = True, False
+    while improved and not exhausted:
         improved = False
         for label, candidate in candidates(best):
+            if checks >= max_checks or (deadline is not None and time.time() > deadline):
+                exhausted = True
+                break
             candidate = prune(candidate)
             if size(candidate) >= size(best) or not _is_valid(candidate):
                 continue
             checks += 1
             if still_fails(candidate):
-                log(f"  kept: {label} -> {size(candidate)[0]} nodes")
+                log(f"  kept: {label} -> {specmod.count_ops(candidate)} nodes")
                 best, improved = candidate, True
                 break
-            if checks >= max_checks:
-                break
-    log(f"shrink: {checks} candidates lowered; {specmod.count_ops(spec)} -> {specmod.count_ops(best)} nodes")
-    return best
+    log(f"shrink: {checks} candidates lowered; {specmod.count_ops(spec)} -> {specmod.count_ops(best)} nodes"
+        + ("; 1-minimal" if not exhausted else "; stopped early (not 1-minimal)"))
+    return Shrunk(best, checks, not exhausted)
+
+
+def shrink(spec: dict, still_fails: Callable[[dict], bool], log: Callable[[str], None] = print,
+           max_checks: int = 400) -> dict:
+    return shrink_to(spec, still_fails, log, max_checks).spec
 
 
 def _failure_of(flow: Optional[str], match: Optional[str], first) -> Failure:
@@ -240,12 +352,12 @@ def shrink_file(path: Path, output: Optional[Path], match: Optional[str], flow: 
                     return True
                 return False
 
-            smallest = shrink(record["spec"], still_fails, max_checks=max_checks)
+            shrunk = shrink_to(record["spec"], still_fails, max_checks=max_checks)
         finally:
             session.close()
     message = next((r.message for r in latest["result"].results if r.flow == failure.flow), "")
     output = output or path.with_name(path.stem + ".shrunk.json")
-    repro.write(output, smallest, record["flows"], record["property"], failure.outcome, message,
-                script_flow=failure.flow)
+    repro.write(output, shrunk.spec, record["flows"], record["property"], failure.outcome, message,
+                script_flow=failure.flow, shrink=shrunk.facts(record["spec"]))
     print(f"wrote {output} and {output.with_suffix('.py')}")
     return output

@@ -55,11 +55,15 @@ def atomic_write(path: Path, text: str) -> None:
 
 
 def write(path: Path, spec: dict, flows: list[str], prop: str, outcome: Optional[str] = None,
-          message: str = "", script: bool = True, script_flow: Optional[str] = None) -> Path:
+          message: str = "", script: bool = True, script_flow: Optional[str] = None,
+          shrink: Optional[dict] = None) -> Path:
     """Write ``path`` (JSON) and, beside it, the standalone ``.py`` script
-    lowering ``script_flow`` (default: the last flow)."""
+    lowering ``script_flow`` (default: the last flow). ``shrink``: how the
+    spec was shrunk (whether it is 1-minimal)."""
     record = {"format": FORMAT, "property": prop, "flows": flows, "outcome": outcome,
               "message": message, "versions": versions(), "spec": spec}
+    if shrink is not None:
+        record["shrink"] = shrink
     atomic_write(path, json.dumps(record, indent=1, sort_keys=True))
     if script:
         atomic_write(path.with_suffix(".py"), standalone_script(spec, script_flow or flows[-1]))

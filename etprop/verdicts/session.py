@@ -17,7 +17,7 @@ import re
 import time
 from pathlib import Path
 
-from hypothesis import event, note
+from hypothesis import event, note, target
 from hypothesis.control import currently_in_test_context
 
 from etprop.lowering import stages
@@ -26,6 +26,7 @@ from etprop.verdicts.check import Artifacts, ExampleResult, FlowResult, Oracle, 
 from etprop.lowering.isolation import Worker, WorkerDied, WorkerError
 from etprop.oracles import OracleFailure, Verdict
 from etprop.verdicts.outcomes import Outcome
+from etprop.verdicts.signature import signature
 from etprop.lowering.pipeline import ExportFailed
 
 WORKER_PRELOAD = ["etprop.verdicts.worker_preload"]
@@ -45,6 +46,11 @@ def _label(text: str) -> None:
     """A Hypothesis event when inside a Hypothesis test; nothing otherwise."""
     if currently_in_test_context():
         event(text)
+
+
+def record_only() -> bool:
+    """In a campaign a new failure is recorded, not raised (ETPROP_RECORD_ONLY=1)."""
+    return os.environ.get("ETPROP_RECORD_ONLY", "0") == "1"
 
 
 def isolation_enabled() -> bool:
@@ -223,6 +229,16 @@ class Session:
             first = failures[0]
             if currently_in_test_context():
                 note("repro written to " + str(result.repro or next(f.repro for f in result.followups if f.repro)))
+            if record_only():
+                # A campaign: recorded; the property explores on, and the
+                # campaign's triage shrinks and merges what was found. Each
+                # signature is a target of its own, so the example database
+                # keeps the smallest example of each and other shards replay it.
+                if currently_in_test_context():
+                    for label in {signature(f.flow, f.outcome.value, f.message) for f in failures}:
+                        target(1.0, label="etprop failure: " + label)
+                _label(f"new failure recorded: {first.flow}: {first.outcome.value}")
+                return result
             failed = next(v for v in first.verdicts if not v.ok)
             raise failure_type(first.outcome)(failed) from None
         return result

@@ -1,0 +1,370 @@
+"""One defect, one report: a campaign's new failures grouped, shrunk, merged and placed.
+
+Grouping. Every new failure (a flow result no finding explains) gets a
+signature (etprop/verdicts/signature.py); failures with one signature form a
+group, represented by its smallest program.
+
+Shrinking. A group's representative is shrunk on the spec (the shrinker keeps
+the signature, not merely the outcome) in a scratch directory, so shrinking
+never adds examples to the campaign's results. Groups are taken most-hit first;
+what a budget leaves is queued on disk, and ``etprop shrink --pending`` (or the
+next campaign on the same artifacts) continues it.
+
+Merging and placing. The shrunk spec is run once on every available flow:
+which flows fail names the layer the defect belongs to (portable too: export,
+EXIR or the portable kernels; a stock backend alone: that backend; a candidate
+but not its baseline: the candidate), and every queued group whose signature
+that run reproduces on its own flow is merged in (one defect seen through
+several flows or properties). A shrunk spec equal to an earlier defect's after
+canonical renaming merges into it. Once a group has its defect, a failure
+counts as a hit of it only if its program holds every op of the defect's
+minimal spec; the others cannot be that defect and form a group of their own,
+so a second defect with the same message is not hidden behind the first.
+
+On disk, per group, ARTIFACTS/defects/KEY/: ``claim`` (a worker is on it),
+``progress.json`` (the smallest failing spec when a budget ran out),
+``shrunk.json`` and ``shrunk.py`` (the repro), ``defect.json`` (the verdicts
+per flow, the layer, merged groups) and ``draft.md`` (an upstream issue draft).
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Optional
+
+from etprop.program import spec as specmod
+from etprop.verdicts import repro
+from etprop.verdicts.outcomes import Outcome
+from etprop.verdicts.signature import signature
+
+# Failures that are not a lowering's defect: the suite's own errors, the
+# generator's (a program torch.export rejects), and runs that disagreed.
+NOT_TRIAGED = {Outcome.INTERNAL_ERROR.value, Outcome.EXPORT_ERROR.value, Outcome.NONDETERMINISTIC.value}
+# A claim older than this is from a worker that died.
+STALE_CLAIM_SECONDS = 3 * 3600
+
+def _short(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:10]
+
+
+def canonical(spec: dict) -> str:
+    """The spec with names given in order of appearance and seeds dropped:
+    equal for one program however it was drawn."""
+    spec = copy.deepcopy(spec)
+    names: dict[str, str] = {}
+
+    def rename(name):
+        if name not in names:
+            names[name] = f"n{len(names)}"
+        return names[name]
+
+    state = spec.get("state", {})
+    for entry in state.values():
+        entry.pop("seed", None)
+
+    def body(b, params_key):
+        for item in b.get(params_key, []):
+            if isinstance(item, dict):
+                item["name"] = rename(item["name"])
+        if params_key == "params":
+            b["params"] = [rename(p) for p in b["params"]]
+        for node in b["nodes"]:
+            node["args"] = [rename(a) for a in node.get("args", [])]
+            for sub in node.get("bodies", ()):
+                body(sub, "params")
+            node["id"] = rename(node["id"])
+            if node.get("state"):
+                node["state"] = rename(node["state"])
+            if node.get("attrs", {}).get("bias_state"):
+                node["attrs"]["bias_state"] = rename(node["attrs"]["bias_state"])
+        b["outputs"] = [rename(o) for o in b["outputs"]]
+
+    for method in spec["methods"].values():
+        body(method, "inputs")
+    spec["state"] = {names.get(name, name): entry for name, entry in state.items()}
+    spec["methods"] = {f"m{i}": b for i, b in enumerate(spec["methods"].values())}
+    return json.dumps(spec, sort_keys=True)
+
+
+@dataclass
+class Group:
+    key: str
+    signature: str
+    flow: str
+    outcome: str
+    members: list[dict] = field(default_factory=list)
+
+    @property
+    def representative(self) -> dict:
+        return min(self.members, key=lambda m: (m["nodes"], m["repro"]))
+
+    def cells(self) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for member in self.members:
+            cell = f"{member['property']} × {member['flow']}"
+            counts[cell] = counts.get(cell, 0) + 1
+        return counts
+
+
+@dataclass
+class Defect:
+    key: str
+    signature: str
+    flow: str
+    outcome: str
+    property: str
+    layer: str
+    verdicts: dict
+    ops: list
+    nodes: int
+    one_minimal: bool
+    message: str
+    merged: list = field(default_factory=list)
+    reproduced: bool = True
+
+    def to_json(self) -> dict:
+        return dict(self.__dict__)
+
+
+class Triage:
+    """The defects directory of one artifacts directory."""
+
+    def __init__(self, artifacts: Path):
+        self.artifacts = Path(artifacts)
+        self.root = self.artifacts / "defects"
+
+    def directory(self, key: str) -> Path:
+        return self.root / key
+
+    def defects(self) -> dict[str, Defect]:
+        found = {}
+        for path in sorted(self.root.glob("*/defect.json")):
+            try:
+                found[path.parent.name] = Defect(**json.loads(path.read_text()))
+            except (OSError, ValueError, TypeError):
+                continue
+        return found
+
+    def groups(self, records: list[dict]) -> dict[str, Group]:
+        defects = self.defects()
+        merged = {key: d.key for d in defects.values() for key in d.merged if key not in defects}
+        groups: dict[str, Group] = {}
+        for record in records:
+            for flow in record["flows"]:
+                if not Outcome(flow["outcome"]).is_failure or flow.get("known") or flow["outcome"] in NOT_TRIAGED:
+                    continue
+                sig = signature(flow["flow"], flow["outcome"], flow["message"])
+                key, seen = _short(sig), set()
+                while key not in seen:
+                    seen.add(key)
+                    key = merged.get(key, key)
+                    defect = defects.get(key)
+                    if defect is None or not defect.reproduced or set(defect.ops) <= set(record.get("ops", [])):
+                        break
+                    key = _short(f"{key} without {sorted(defect.ops)}")
+                group = groups.setdefault(key, Group(key, sig, flow["flow"], flow["outcome"]))
+                history = self.artifacts / "repros" / "history" / f"{record['property']}--{record['digest']}.json"
+                group.members.append({"property": record["property"], "flow": flow["flow"],
+                                      "nodes": record.get("nodes", 0), "message": flow["message"],
+                                      "repro": str(history), "ops": record.get("ops", [])})
+        return groups
+
+    def pending(self, groups: dict[str, Group]) -> list[Group]:
+        """Groups without a defect, most hits first."""
+        defects = self.defects()
+        merged = {key for d in defects.values() for key in d.merged}
+        waiting = [g for key, g in groups.items() if key not in defects and key not in merged]
+        return sorted(waiting, key=lambda g: (-len(g.members), g.key))
+
+    def claim(self, key: str) -> bool:
+        path = self.directory(key) / "claim"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            if time.time() - path.stat().st_mtime > STALE_CLAIM_SECONDS:
+                path.unlink()
+        except FileNotFoundError:
+            pass
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            return False
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.close(fd)
+        return True
+
+    def release(self, key: str) -> None:
+        (self.directory(key) / "claim").unlink(missing_ok=True)
+
+    def save(self, defect: Defect) -> None:
+        repro.atomic_write(self.directory(defect.key) / "defect.json", json.dumps(defect.to_json(), indent=1))
+
+    def merge(self, into: Defect, keys: list[str]) -> None:
+        into.merged = sorted(set(into.merged) | set(keys))
+        self.save(into)
+
+
+def layer(failing: dict[str, str], flow_baselines: dict[str, Optional[str]]) -> str:
+    """The layer a defect belongs to, from which flows fail on its minimal spec."""
+    if "portable" in failing:
+        return "export / EXIR / portable kernels (fails without any delegate)"
+    places = set()
+    for name in failing:
+        base = flow_baselines.get(name)
+        while base and base != "portable" and base in failing:
+            name, base = base, flow_baselines.get(base)
+        if base and base != "portable":
+            places.add(f"candidate {name}")
+        else:
+            places.add(f"{name} backend")
+    return " and ".join(sorted(places)) if places else "none of the flows fails on the minimal spec"
+
+
+def draft(defect: Defect, spec: dict, script: str, versions: dict) -> str:
+    """A markdown issue draft, pasteable upstream."""
+    fails = ", ".join(f"`{flow}` ({outcome})" for flow, outcome in sorted(defect.verdicts.items())
+                      if Outcome(outcome).is_failure) or "none"
+    passes = ", ".join(f"`{flow}`" for flow, outcome in sorted(defect.verdicts.items())
+                       if not Outcome(outcome).is_failure) or "none"
+    dtype = spec.get("dtype", "float32")
+    ops = ", ".join(f"`{op}`" for op in defect.ops) or "no op"
+    lines = [
+        f"# {defect.layer}: {defect.outcome} on `{defect.flow}` with {ops} ({dtype})", "",
+        "Versions: " + ", ".join(f"{name} {version}" for name, version in sorted(versions.items())), "",
+        f"Fails on: {fails}. Passes on: {passes}.", "",
+        f"Minimal program: {defect.nodes} node(s)"
+        + (", 1-minimal (removing or simplifying any one part makes it pass)" if defect.one_minimal
+           else ", not proven 1-minimal (the shrink budget ran out)") + ".", "",
+        "## Expected vs actual", "", "```", defect.message[:3000], "```", "",
+        f"## Script (torch and executorch only; exits 1 while the defect is present)", "",
+        "```python", script.rstrip(), "```", ""]
+    return "\n".join(lines)
+
+
+def _oracles_for(spec: dict) -> tuple[str, list]:
+    from etprop.oracles.sets import MULTI_METHOD, SINGLE_FLOW
+
+    return ("multi_method", MULTI_METHOD) if len(spec["methods"]) > 1 else ("mixed", SINGLE_FLOW)
+
+
+def triage_group(triage: Triage, group: Group, session, deadline: Optional[float],
+                 log: Callable[[str], None] = print, max_checks: int = 400) -> Optional[Defect]:
+    """Shrink one group and place it; None when the deadline came first (the
+    progress is kept for the next run)."""
+    from etprop import flows as flowreg
+    from etprop.commands.replay import oracles_for
+    from etprop.commands.shrink import shrink_to
+    from etprop.lowering.pipeline import ExportFailed
+
+    member = repro.read(group.representative["repro"])
+    directory = triage.directory(group.key)
+    progress = directory / "progress.json"
+    start = repro.read(progress)["spec"] if progress.exists() else member["spec"]
+    flows = [flowreg.get_available(name) for name in member["flows"]]
+    oracles = oracles_for(member["property"])
+    last = {}
+
+    def same_failure(spec: dict) -> bool:
+        try:
+            # Attributed: a candidate that brings a known finding's cause back
+            # fails as that finding, not as this defect.
+            result = session.run(spec, flows, member["property"], oracles, attribute=True)
+        except ExportFailed:
+            return False
+        for flow_result in result.results:
+            if flow_result.flow == group.flow and not flow_result.known and signature(
+                    flow_result.flow, flow_result.outcome.value, flow_result.message) == group.signature:
+                last["message"] = flow_result.message
+                return True
+        return False
+
+    log(f"triage {group.key}: {group.signature} ({len(group.members)} hit(s)); "
+        f"shrinking {specmod.count_ops(start)} nodes")
+    if not same_failure(start):
+        defect = Defect(group.key, group.signature, group.flow, group.outcome, member["property"],
+                        "did not recur when run again", {}, [], specmod.count_ops(start), False,
+                        member.get("message", ""), reproduced=False)
+        triage.save(defect)
+        return defect
+    shrunk = shrink_to(start, same_failure, log=log, max_checks=max_checks, deadline=deadline)
+    if not shrunk.one_minimal and deadline is not None and time.time() > deadline:
+        repro.write(progress, shrunk.spec, member["flows"], member["property"], group.outcome,
+                    last.get("message", ""), script=False)
+        log(f"triage {group.key}: budget spent at {specmod.count_ops(shrunk.spec)} nodes; queued")
+        return None
+    spec = shrunk.spec
+    everywhere = [f for f in flowreg.available_flows()]
+    layer_property, layer_oracles = _oracles_for(spec)
+    try:
+        placed = session.run(spec, everywhere, layer_property, layer_oracles)
+        verdicts = {r.flow: r.outcome.value for r in placed.results}
+        signatures = {r.flow: signature(r.flow, r.outcome.value, r.message) for r in placed.results
+                      if r.outcome.is_failure}
+    except ExportFailed:
+        verdicts, signatures = {}, {}
+    # The defect's own flow fails by its signature, judged by its property's oracles
+    # (a differential failure needs its baseline beside it).
+    verdicts[group.flow] = group.outcome
+    failing = {flow: outcome for flow, outcome in verdicts.items() if Outcome(outcome).is_failure}
+    baselines = {f.name: f.baseline for f in flowreg.all_flows()}
+    ops = sorted({node["op"] for _, node in specmod.all_nodes(spec)})
+    defect = Defect(group.key, group.signature, group.flow, group.outcome, member["property"],
+                    layer(failing, baselines), verdicts, ops, specmod.count_ops(spec), shrunk.one_minimal,
+                    last.get("message", member.get("message", "")))
+    shrunk_path = repro.write(directory / "shrunk.json", spec, member["flows"], member["property"],
+                              group.outcome, defect.message, script_flow=group.flow,
+                              shrink=shrunk.facts(member["spec"]))
+    repro.atomic_write(directory / "draft.md", draft(defect, spec, shrunk_path.with_suffix(".py").read_text(),
+                                                     repro.versions()))
+    mine = canonical(spec)
+    for other in triage.defects().values():
+        if other.key != group.key and other.reproduced and (triage.directory(other.key) / "shrunk.json").exists() \
+                and canonical(repro.read(triage.directory(other.key) / "shrunk.json")["spec"]) == mine:
+            log(f"triage {group.key}: the same minimal program as {other.key}; merged")
+            triage.save(defect)
+            triage.merge(other, [group.key])
+            return other
+    seen_elsewhere = [key for key, sig in ((_short(s), s) for s in signatures.values()) if key != group.key]
+    defect.merged = sorted(set(seen_elsewhere))
+    triage.save(defect)
+    progress.unlink(missing_ok=True)
+    log(f"triage {group.key}: {defect.nodes} node(s), {defect.layer}; fails on "
+        f"{', '.join(sorted(failing)) or 'no flow'}")
+    return defect
+
+
+def run_queue(artifacts: Path, deadline: Optional[float], flow_modules: Optional[list[str]] = None,
+              log: Callable[[str], None] = print, max_groups: Optional[int] = None, max_checks: int = 400) -> int:
+    """Triage queued groups until none is left, ``max_groups`` are done or the
+    deadline passes; returns how many were finished."""
+    from etprop.commands.report import Summary
+    from etprop.verdicts.session import Session
+
+    triage = Triage(artifacts)
+    done = 0
+    with tempfile.TemporaryDirectory(prefix="etprop-triage-") as scratch:
+        session = Session(Path(scratch), flow_modules=flow_modules)
+        try:
+            while max_groups is None or done < max_groups:
+                if deadline is not None and time.time() > deadline:
+                    break
+                queue = triage.pending(triage.groups(Summary.load(artifacts).records))
+                group = next((g for g in queue if triage.claim(g.key)), None)
+                if group is None:
+                    break
+                try:
+                    finished = triage_group(triage, group, session, deadline, log, max_checks)
+                finally:
+                    triage.release(group.key)
+                if finished is None:
+                    break
+                done += 1
+        finally:
+            session.close()
+    return done

@@ -1,0 +1,34 @@
+"""Failure signatures: what two failures of one defect share, whatever program showed it.
+
+The flow, the outcome, the oracle, and the message with values, names and
+positions blanked; for a mismatch, only the kind of difference (elements that
+differ, or non-finite where eager is finite), since the numbers, the output and
+the input class change with the program. Campaign triage groups failures by it,
+and a campaign marks each signature as a Hypothesis target so the database
+keeps one example of each.
+"""
+
+from __future__ import annotations
+
+import re
+
+from etprop.verdicts.outcomes import Outcome
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|\binf\b|\bnan\b", re.I)
+_QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
+_NAME_WITH_DIGITS = re.compile(r"\b[A-Za-z_]\w*\d\w*\b")
+_DIFFERENCE = re.compile(r"elements (differ|are [^;]*?)(;|$)")
+_ORACLE = re.compile(r"^\[([^\]]+)\] FAILED \(([^)]+)\)")
+
+
+def signature(flow: str, outcome: str, message: str) -> str:
+    """What two failures of one defect share, whatever program showed it."""
+    head = _ORACLE.match(message)
+    oracle = head.group(1) if head else "?"
+    if outcome == Outcome.MISMATCH.value:
+        kind = _DIFFERENCE.search(message)
+        detail = kind.group(1) if kind else "differ"
+    else:
+        first = message.split("; [")[0][head.end() if head else 0:]
+        detail = _NUMBER.sub("#", _NAME_WITH_DIGITS.sub("…", _QUOTED.sub("'…'", first))).strip(" :")[:200]
+    return f"{flow} | {outcome} | {oracle} | {detail}"

@@ -1,0 +1,135 @@
+"""Campaign triage (etprop/commands/triage.py): every failure group shrunk, one
+defect per cause, each placed in the layer it belongs to."""
+
+import json
+from pathlib import Path
+
+from etprop.commands import shrink, triage
+from etprop.commands.report import Summary
+from etprop.oracles.sets import SINGLE_FLOW
+from etprop.program import spec as specmod
+from etprop.program.spec import FORMAT
+from etprop.verdicts import repro
+from etprop.verdicts.session import Session
+from etprop.verdicts.signature import signature
+
+ROOT = Path(__file__).resolve().parent.parent
+EXPORT_DEFECT = str(ROOT / "tests" / "fixtures" / "export_defect.py")
+
+
+def _chain(ops: list[str], shape=(2, 8), dtype="float32") -> dict:
+    nodes, last = [], "x"
+    for index, op in enumerate(ops):
+        nodes.append({"id": f"v{index}", "op": op, "args": [last]})
+        last = f"v{index}"
+    return {"format": FORMAT, "state": {}, "methods": {"forward": {
+        "inputs": [{"name": "x", "shape": list(shape), "dtype": dtype}], "nodes": nodes, "outputs": [last]}}}
+
+
+def test_signature_keeps_the_kind_of_failure_and_blanks_what_varies_with_the_program():
+    first = ("[eager equivalence] FAILED (mismatch): method 'forward', normal inputs: output 1 (2, 4): "
+             "8 / 8 elements differ; worst at (0, 0): eager -0.9, got -0.09, allowed difference 8.8e-06")
+    second = ("[eager equivalence] FAILED (mismatch): method 'prefill', large inputs: output 0 (3,): "
+              "1 / 3 elements differ; worst at (2,): eager 4, got 5, allowed difference 0.1")
+    nonfinite = ("[eager equivalence] FAILED (mismatch): method 'forward', large inputs: output 8 (3, 3): "
+                 "9 / 9 elements are non-finite where eager and float64 are finite; first at (0, 0)")
+    assert signature("xnnpack", "mismatch", first) == signature("xnnpack", "mismatch", second)
+    assert signature("xnnpack", "mismatch", first) != signature("xnnpack", "mismatch", nonfinite)
+    assert signature("xnnpack", "mismatch", first) != signature("portable", "mismatch", first)
+    error = "[lowering] FAILED (lowering error): ValueError: node (p_w{}_weight) is tagged with (tag{})"
+    assert signature("coreai", "lowering error", error.format(1, 4)) == \
+        signature("coreai", "lowering error", error.format(7, 2))
+    assert signature("coreai", "lowering error", error.format(1, 4)) != \
+        signature("coreai", "lowering error", "[lowering] FAILED (lowering error): KeyError: 'x'")
+
+
+def test_canonical_form_ignores_names_and_seeds_but_not_the_program():
+    spec = _chain(["relu", "tanh"])
+    renamed = json.loads(json.dumps(spec).replace('"v0"', '"first"').replace('"x"', '"inp"'))
+    assert triage.canonical(spec) == triage.canonical(renamed)
+    assert triage.canonical(spec) != triage.canonical(_chain(["tanh", "relu"]))
+
+
+def test_layer_is_named_from_the_flows_that_fail():
+    baselines = {"portable": None, "xnnpack": "portable", "coreai": "portable", "xnnpack+fold": "xnnpack",
+                 "coreai+multifunction": "coreai"}
+    assert triage.layer({"portable": "mismatch", "xnnpack": "mismatch"}, baselines).startswith("export / EXIR")
+    assert triage.layer({"xnnpack": "mismatch", "xnnpack+fold": "mismatch"}, baselines) == "xnnpack backend"
+    assert triage.layer({"xnnpack+fold": "mismatch"}, baselines) == "candidate xnnpack+fold"
+    assert triage.layer({"coreai": "lowering error", "xnnpack+fold": "mismatch"}, baselines) == \
+        "candidate xnnpack+fold and coreai backend"
+
+
+def test_shrunk_spec_is_one_minimal():
+    """The 'defect': a float16 tanh after a relu on an input with 8 columns.
+    Every single step from the result that still builds makes it pass."""
+    def still_fails(spec):
+        ops = [n["op"] for _, n in specmod.all_nodes(spec)]
+        inp = spec["methods"]["forward"]["inputs"][0]
+        return "tanh" in ops and "relu" in ops and inp["dtype"] == "float16" and inp["shape"][-1] == 8
+
+    start = _chain(["sigmoid", "relu", "abs", "tanh", "neg", "exp_bounded"], shape=(6, 8), dtype="float16")
+    result = shrink.shrink_to(start, still_fails, log=lambda line: None)
+    assert result.one_minimal and still_fails(result.spec)
+    assert [n["op"] for _, n in specmod.all_nodes(result.spec)] == ["relu", "tanh"]
+    assert result.spec["methods"]["forward"]["inputs"][0]["shape"] == [1, 8]
+    tried = [candidate for _, candidate in shrink.candidates(result.spec)]
+    assert tried and not any(still_fails(shrink.prune(c)) for c in tried
+                             if shrink.size(shrink.prune(c)) < shrink.size(result.spec))
+    capped = shrink.shrink_to(start, still_fails, log=lambda line: None, max_checks=2)
+    assert not capped.one_minimal
+
+
+def _record(digest: str, ops: list[str], flow="xnnpack", prop="mixed") -> dict:
+    return {"property": prop, "digest": digest, "ops": ops, "nodes": len(ops),
+            "flows": [{"flow": flow, "outcome": "mismatch", "known": None,
+                       "message": "[eager equivalence] FAILED (mismatch): 1 / 4 elements differ"}]}
+
+
+def test_a_failure_without_the_defects_ops_is_not_counted_as_that_defect(tmp_path):
+    """A second defect with the same message is not hidden behind the first."""
+    records = [_record("a", ["relu", "tanh"]), _record("b", ["relu", "sigmoid"]), _record("c", ["tanh"])]
+    place = triage.Triage(tmp_path)
+    (group,) = place.groups(records).values()
+    place.save(triage.Defect(group.key, group.signature, "xnnpack", "mismatch", "mixed", "xnnpack backend",
+                             {"xnnpack": "mismatch"}, ["tanh"], 1, True, "m"))
+    groups = place.groups(records)
+    assert sorted(len(g.members) for g in groups.values()) == [1, 2]
+    assert [m["ops"] for m in groups[group.key].members] == [["relu", "tanh"], ["tanh"]]
+    (rest,) = place.pending(groups)
+    assert rest.members[0]["ops"] == ["relu", "sigmoid"]
+
+
+def test_one_defect_seen_through_two_properties_and_two_flows_is_one_report(tmp_path, monkeypatch):
+    """An export defect (tests/fixtures/export_defect.py) found by two
+    properties on portable and on xnnpack: one shrunk defect, placed in the
+    export layer, with both cells; nothing left queued."""
+    monkeypatch.setenv("ETPROP_RECORD_ONLY", "1")
+    artifacts = tmp_path / "artifacts"
+    session = Session(artifacts, flow_modules=[EXPORT_DEFECT])
+    from etprop import flows
+
+    try:
+        first = session.check(_chain(["relu", "abs", "tanh", "sigmoid"]), [flows.get("portable")], "mixed",
+                              SINGLE_FLOW)
+        second = session.check(_chain(["neg", "tanh", "relu"], shape=(3, 5)), [flows.get("xnnpack")],
+                               "computed_weights", SINGLE_FLOW)
+    finally:
+        session.close()
+    assert first.new_failures and second.new_failures, "record-only checks return their failures"
+    defects, queued = Summary.load(artifacts).defects()
+    assert not defects and len(queued) == 2
+
+    assert triage.run_queue(artifacts, None, flow_modules=[EXPORT_DEFECT], log=lambda line: None) == 1
+    summary = Summary.load(artifacts)
+    defects, queued = summary.defects()
+    assert not queued and len(defects) == 1
+    (defect,) = defects
+    assert defect.layer.startswith("export / EXIR"), defect.layer
+    assert defect.hits == 2 and defect.cells == {"mixed × portable": 1, "computed_weights × xnnpack": 1}
+    shrunk = repro.read(defect.repro)
+    assert [n["op"] for _, n in specmod.all_nodes(shrunk["spec"])] == ["tanh"]
+    assert shrunk["shrink"]["one_minimal"] and shrunk["shrink"]["nodes_before"] in (3, 4)
+    draft = Path(defect.draft).read_text()
+    assert "`portable` (mismatch)" in draft and "`xnnpack` (mismatch)" in draft and "```python" in draft
+    assert summary.text().index("export / EXIR") < summary.text().index("property x flow: outcomes")
