@@ -39,6 +39,9 @@ def test_signature_keeps_the_kind_of_failure_and_blanks_what_varies_with_the_pro
     error = "[lowering] FAILED (lowering error): ValueError: node (p_w{}_weight) is tagged with (tag{})"
     assert signature("coreai", "lowering error", error.format(1, 4)) == \
         signature("coreai", "lowering error", error.format(7, 2))
+    at = "[lowering] FAILED (lowering error): RuntimeError: bad map <InputTypeToIndex object at {}>, 3"
+    assert signature("xnnpack", "lowering error", at.format("0x7fa447144bd0")) == \
+        signature("xnnpack", "lowering error", at.format("0x7f0c12e9a010"))
     assert signature("coreai", "lowering error", error.format(1, 4)) != \
         signature("coreai", "lowering error", "[lowering] FAILED (lowering error): KeyError: 'x'")
 

@@ -14,6 +14,7 @@ import re
 
 from etprop.verdicts.outcomes import Outcome
 
+_ADDRESS = re.compile(r"\b0x[0-9a-f]+\b", re.I)
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|\binf\b|\bnan\b", re.I)
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _NAME_WITH_DIGITS = re.compile(r"\b[A-Za-z_]\w*\d\w*\b")
@@ -30,5 +31,6 @@ def signature(flow: str, outcome: str, message: str) -> str:
         detail = kind.group(1) if kind else "differ"
     else:
         first = message.split("; [")[0][head.end() if head else 0:]
-        detail = _NUMBER.sub("#", _NAME_WITH_DIGITS.sub("…", _QUOTED.sub("'…'", first))).strip(" :")[:200]
+        blanked = _NAME_WITH_DIGITS.sub("…", _ADDRESS.sub("0x…", _QUOTED.sub("'…'", first)))
+        detail = _NUMBER.sub("#", blanked).strip(" :")[:200]
     return f"{flow} | {outcome} | {oracle} | {detail}"
