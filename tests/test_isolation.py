@@ -51,3 +51,37 @@ def test_flows_the_worker_died_before_judging_are_not_run(session, tiny_spec):
                          "mixed", SINGLE_FLOW)
     assert [r.outcome for r in result.results] == [Outcome.NOT_RUN, Outcome.CRASH]
     assert "not run" in result.results[0].message
+
+
+UNGUARDED_SCRIPT = """
+from pathlib import Path
+from etprop import flows
+from etprop.oracles.sets import SINGLE_FLOW
+from etprop.verdicts.session import Session
+
+spec = {"format": "etprop-spec/1", "state": {}, "methods": {"forward": {
+    "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
+    "nodes": [{"id": "a", "op": "relu", "args": ["x"]}], "outputs": ["a"]}}}
+session = Session(Path(ARTIFACTS))
+try:
+    session.run(spec, [flows.get("portable")], "mixed", SINGLE_FLOW)
+finally:
+    session.close()
+"""
+
+
+def test_a_worker_that_cannot_start_is_etprops_error_naming_the_fix_not_a_crash_verdict(tmp_path):
+    """A script without a ``__main__`` guard makes the forkserver re-run it,
+    and the worker dies before its first job: that says nothing about the flow."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "unguarded.py"
+    script.write_text(UNGUARDED_SCRIPT.replace("ARTIFACTS", repr(str(tmp_path / "artifacts"))))
+    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                            cwd=tmp_path)
+    assert result.returncode != 0
+    assert "WorkerStartFailed" in result.stderr and 'if __name__ == "__main__":' in result.stderr
+    recorded = [json.loads(line) for path in (tmp_path / "artifacts" / "results").glob("*.jsonl")
+                for line in path.read_text().splitlines()]
+    assert [f["outcome"] for r in recorded for f in r["flows"]] == ["etprop internal error"]

@@ -23,6 +23,8 @@ from typing import Any, Optional
 from etprop.lowering import stages
 
 DEFAULT_TIMEOUT_SECONDS = 600.0
+# A worker imports the flow modules before it is ready; a flow module's import can be slow.
+START_TIMEOUT_SECONDS = 300.0
 
 
 def memory_limit() -> float:
@@ -53,9 +55,14 @@ def _serve(conn, flow_modules: list[str]) -> None:
     """The worker loop: run jobs, report stages, send results back."""
     from etprop import flows
 
-    for target in flow_modules:
-        flows.load_flow_module(target)
+    try:
+        for target in flow_modules:
+            flows.load_flow_module(target)
+    except BaseException as exc:
+        conn.send(("start-error", f"{type(exc).__name__}: {exc}"))
+        return
     stages.set_reporter(lambda stage: conn.send(("stage", stage)))
+    conn.send(("ready",))
     while True:
         try:
             job = conn.recv()
@@ -82,6 +89,11 @@ class WorkerError(Exception):
         self.type_name, self.formatted = type_name, formatted
 
 
+class WorkerStartFailed(RuntimeError):
+    """The worker died before it could take a job: etprop's problem or the
+    caller's, never a verdict on a lowering."""
+
+
 class Worker:
     def __init__(self, flow_modules: Optional[list[str]] = None, preload: Optional[list[str]] = None):
         """``preload``: modules the forkserver imports once, so workers start warm."""
@@ -97,6 +109,21 @@ class Worker:
         self._process.start()
         child.close()
         self._conn = parent
+        try:
+            first = parent.recv() if parent.poll(START_TIMEOUT_SECONDS) else None
+        except (EOFError, ConnectionResetError, OSError):
+            first = None
+        if first and first[0] == "start-error":
+            self.close()
+            raise WorkerStartFailed(f"etprop's worker could not load the flow modules: {first[1]}")
+        if first != ("ready",):
+            self._process.join(timeout=5)
+            code = self._process.exitcode
+            self.close()
+            raise WorkerStartFailed(
+                f"etprop's worker process ended before it was ready ({_describe_exit(code)}); when etprop is "
+                "called from a script, put the calls under `if __name__ == \"__main__\":` (the worker's "
+                "forkserver imports the main module again), or set ETPROP_ISOLATION=0")
 
     def close(self) -> None:
         if self._process is not None:
