@@ -4,9 +4,13 @@ Runs the differential property (and every single-flow property on the
 candidate) for a fixed number of examples with a fixed seed, so the same
 programs are lowered on both flows, then decides:
 
-- FAIL when the candidate violates a property the baseline satisfies on the
-  same program (a new failure class), grows the program, or delegates less;
-- PASS otherwise. Failures matching a known finding are reported, not counted.
+- FAIL when the candidate does worse than the baseline on any program
+  (etprop/commands/compare.py: newly failing or unsupported, a changed or
+  worse failure, a known finding newly hit), grows the program, or delegates less;
+- PASS otherwise; programs where only the baseline fails are listed as improvements.
+
+Every program runs on both flows: a failure is recorded, not raised, so the
+gate's programs are the same whatever fails first.
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ def run_gate(args) -> int:
         raise UsageError(f"'{artifacts}' already holds results; give the gate a fresh --artifacts directory")
     env = dict(os.environ, ETPROP_GATE=f"{baseline.name},{candidate.name}",
                ETPROP_FLOWS=f"{baseline.name},{candidate.name}", ETPROP_ARTIFACTS=str(artifacts.resolve()),
-               ETPROP_PROFILE="ci", ETPROP_EXAMPLES=str(args.examples),
+               ETPROP_PROFILE="ci", ETPROP_EXAMPLES=str(args.examples), ETPROP_RECORD_ONLY="1",
                ETPROP_FLOW_MODULE=",".join(args.flow_module))
     command = properties_command(args.seed, artifacts / "reports" / "junit-gate.xml") + ["-k", "gate or differential"]
     print(f"etprop gate: baseline {baseline.name}, candidate {candidate.name}, "
@@ -53,9 +57,12 @@ def run_gate(args) -> int:
     if regressions:
         print(f"VERDICT: FAIL: {len(regressions)} regression(s) of {candidate.name} against {baseline.name}:")
         for item in regressions:
-            print(f"  {item['property']}: {item['outcome']} (baseline {item['baseline']}): {item['message'][:200]}")
+            print(f"  {item['property']}: {item['kind']}: {item['outcome']} ({item['why']}): {item['message'][:200]}")
             print(f"    repro: {item['repro']}")
         return 1
+    for item in summary.improvements():
+        print(f"improvement: {item['property']}: the candidate passes where {item['baseline']}: "
+              f"{item['message'][:160]}")
     not_run = summary.count(Outcome.NOT_RUN, candidate.name)
     if not_run:
         print(f"note: {not_run} program(s) not run on {candidate.name} (the worker died in another flow's "

@@ -105,18 +105,28 @@ class Summary:
         return list(seen.values())
 
     def regressions(self) -> list[dict]:
-        """Candidate (last flow) failures on programs where the baseline (first
-        flow) did not fail the same way: what a gate fails on."""
+        """Programs where the candidate (last flow) did worse than the baseline
+        (first flow): what a gate fails on (etprop/commands/compare.py)."""
+        from etprop.commands.compare import compare
+
         found = []
         for record in self.records:
-            base, candidate = record["flows"][0], record["flows"][-1]
-            if len(record["flows"]) < 2 or not Outcome(candidate["outcome"]).is_failure \
-                    or candidate.get("known") or candidate["outcome"] == base["outcome"]:
+            change = compare(record)
+            if change is None:
                 continue
+            base, candidate = record["flows"][0], record["flows"][-1]
             found.append({"property": record["property"], "flow": candidate["flow"], "outcome": candidate["outcome"],
+                          "kind": change["kind"], "why": change["why"],
                           "baseline": f"{base['flow']}: {base['outcome']}", "message": candidate["message"],
                           "repro": record.get("repro")})
         return found
+
+    def improvements(self) -> list[dict]:
+        """Programs the baseline failed and the candidate passed."""
+        from etprop.commands.compare import improved
+
+        return [{"property": r["property"], "baseline": f"{r['flows'][0]['flow']}: {r['flows'][0]['outcome']}",
+                 "message": r["flows"][0]["message"]} for r in self.records if improved(r)]
 
     def count(self, outcome: Outcome, flow: str | None = None) -> int:
         """Flow results with ``outcome`` (on ``flow`` only, when given)."""
