@@ -136,3 +136,13 @@ def test_one_defect_seen_through_two_properties_and_two_flows_is_one_report(tmp_
     draft = Path(defect.draft).read_text()
     assert "`portable` (mismatch)" in draft and "`xnnpack` (mismatch)" in draft and "```python" in draft
     assert summary.text().index("export / EXIR") < summary.text().index("property x flow: outcomes")
+
+
+def test_one_program_drawn_for_two_flow_pairs_keeps_two_histories(tmp_path):
+    """Properties draw the same programs for every flow (pair): each failure's
+    representative must be the file of its own flows."""
+    first = _record("same", ["tanh"], flow="xnnpack")
+    second = _record("same", ["tanh"], flow="coreai")
+    groups = triage.Triage(tmp_path).groups([first, second])
+    paths = {g.flow: g.representative["repro"] for g in groups.values()}
+    assert paths["xnnpack"] != paths["coreai"] and "xnnpack" in paths["xnnpack"] and "coreai" in paths["coreai"]

@@ -41,6 +41,7 @@ from typing import Callable, Optional
 
 from etprop.program import spec as specmod
 from etprop.verdicts import repro
+from etprop.verdicts.check import Artifacts
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.signature import signature
 
@@ -128,6 +129,8 @@ class Defect:
     message: str
     merged: list = field(default_factory=list)
     reproduced: bool = True
+    # Flows whose result on the minimal spec has this defect's signature.
+    same_way: list = field(default_factory=list)
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -170,7 +173,8 @@ class Triage:
                         break
                     key = _short(f"{key} without {sorted(defect.ops)}")
                 group = groups.setdefault(key, Group(key, sig, flow["flow"], flow["outcome"]))
-                history = self.artifacts / "repros" / "history" / f"{record['property']}--{record['digest']}.json"
+                history = Artifacts(self.artifacts).history_path(
+                    record["property"], [f["flow"] for f in record["flows"]], record["digest"])
                 group.members.append({"property": record["property"], "flow": flow["flow"],
                                       "nodes": record.get("nodes", 0), "message": flow["message"],
                                       "repro": str(history), "ops": record.get("ops", [])})
@@ -228,8 +232,9 @@ def layer(failing: dict[str, str], flow_baselines: dict[str, Optional[str]]) -> 
 
 def draft(defect: Defect, spec: dict, script: str, versions: dict) -> str:
     """A markdown issue draft, pasteable upstream."""
-    fails = ", ".join(f"`{flow}` ({outcome})" for flow, outcome in sorted(defect.verdicts.items())
-                      if Outcome(outcome).is_failure) or "none"
+    fails = ", ".join(f"`{flow}` ({defect.verdicts[flow]})" for flow in defect.same_way) or "none"
+    otherwise = ", ".join(f"`{flow}` ({outcome})" for flow, outcome in sorted(defect.verdicts.items())
+                          if Outcome(outcome).is_failure and flow not in defect.same_way)
     passes = ", ".join(f"`{flow}`" for flow, outcome in sorted(defect.verdicts.items())
                        if not Outcome(outcome).is_failure) or "none"
     dtype = spec.get("dtype", "float32")
@@ -237,7 +242,8 @@ def draft(defect: Defect, spec: dict, script: str, versions: dict) -> str:
     lines = [
         f"# {defect.layer}: {defect.outcome} on `{defect.flow}` with {ops} ({dtype})", "",
         "Versions: " + ", ".join(f"{name} {version}" for name, version in sorted(versions.items())), "",
-        f"Fails on: {fails}. Passes on: {passes}.", "",
+        f"Fails this way on: {fails}." + (f" Fails otherwise on: {otherwise}." if otherwise else "")
+        + f" Passes on: {passes}.", "",
         f"Minimal program: {defect.nodes} node(s)"
         + (", 1-minimal (removing or simplifying any one part makes it pass)" if defect.one_minimal
            else ", not proven 1-minimal (the shrink budget ran out)") + ".", "",
@@ -311,12 +317,16 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
     # The defect's own flow fails by its signature, judged by its property's oracles
     # (a differential failure needs its baseline beside it).
     verdicts[group.flow] = group.outcome
-    failing = {flow: outcome for flow, outcome in verdicts.items() if Outcome(outcome).is_failure}
+    # The layer is named by the flows that fail the same way; another failure
+    # of the minimal program on some flow is another defect's business.
+    kind = group.signature.split(" | ", 1)[1]
+    same_way = sorted({group.flow} | {flow for flow, sig in signatures.items() if sig.split(" | ", 1)[1] == kind})
     baselines = {f.name: f.baseline for f in flowreg.all_flows()}
     ops = sorted({node["op"] for _, node in specmod.all_nodes(spec)})
     defect = Defect(group.key, group.signature, group.flow, group.outcome, member["property"],
-                    layer(failing, baselines), verdicts, ops, specmod.count_ops(spec), shrunk.one_minimal,
-                    last.get("message", member.get("message", "")))
+                    layer({flow: verdicts[flow] for flow in same_way}, baselines), verdicts, ops,
+                    specmod.count_ops(spec), shrunk.one_minimal, last.get("message", member.get("message", "")),
+                    same_way=same_way)
     shrunk_path = repro.write(directory / "shrunk.json", spec, member["flows"], member["property"],
                               group.outcome, defect.message, script_flow=group.flow,
                               shrink=shrunk.facts(member["spec"]))
@@ -334,8 +344,8 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
     defect.merged = sorted(set(seen_elsewhere))
     triage.save(defect)
     progress.unlink(missing_ok=True)
-    log(f"triage {group.key}: {defect.nodes} node(s), {defect.layer}; fails on "
-        f"{', '.join(sorted(failing)) or 'no flow'}")
+    log(f"triage {group.key}: {defect.nodes} node(s), {defect.layer}; fails this way on "
+        f"{', '.join(same_way)}")
     return defect
 
 

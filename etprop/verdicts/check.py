@@ -84,10 +84,16 @@ class Artifacts:
         slug = outcome.value.replace(" ", "-")
         return self.root / "repros" / f"{prop}--{flow.replace('+', '_')}--{slug}.json"
 
+    def history_path(self, prop: str, flows: list[str], digest: str) -> Path:
+        """Where ``keep`` puts an example: one file per property, flows and
+        program (properties draw the same programs for every flow)."""
+        names = "_".join(flow.replace("+", "_") for flow in flows)
+        return self.root / "repros" / "history" / f"{prop}--{names}--{digest}.json"
+
     def keep(self, spec: dict, flows: list[str], prop: str, result: FlowResult) -> Path:
         """Every failing example, as found (repros/history/): nothing is lost
         when a smaller example of the same class replaces the headline repro."""
-        path = self.root / "repros" / "history" / f"{prop}--{specmod.digest(spec)}.json"
+        path = self.history_path(prop, flows, specmod.digest(spec))
         return repro.write(path, spec, flows, prop, result.outcome.value, result.message, script=False)
 
     @staticmethod
