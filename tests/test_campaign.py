@@ -171,6 +171,14 @@ def _results(tmp_path) -> Path:
     return tmp_path
 
 
+def test_progress_line_counts_examples_per_flow_failures_and_rate(tmp_path):
+    from etprop.commands.campaign import progress_line
+
+    summary = Summary.load(_results(tmp_path))
+    assert progress_line(summary, 120.0, 1800.0) == (
+        "[  120s / 1800s] 2 examples (1.0/min); flow results: xnnpack 2; 1 new failing, 0 known-finding hits")
+
+
 def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
     summary = Summary.load(_results(tmp_path))
     assert summary.total_examples() == 2 and len(summary.failures()) == 1
@@ -178,7 +186,7 @@ def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
     text = markdown.read_text()
     assert "| mixed | `xnnpack` | 2 | 1 pass, 1 mismatch |" in text
     page = html_path.read_text()
-    assert "&lt;differs&gt;" in page and "repros/history/mixed--b.json" in page and "<td><code>addmm" in page
+    assert "&lt;differs&gt;" in page and "repros/history/mixed--xnnpack--b.json" in page and "<td><code>addmm" in page
     assert page.index("Defects") < page.index("Outcomes per property and flow")
 
 

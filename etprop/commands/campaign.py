@@ -17,6 +17,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,8 @@ EXAMPLES_PER_ROUND = 4
 ROUND_GRACE_SECONDS = 600
 # At most this share of the budget goes to shrinking and placing new failures.
 TRIAGE_SHARE = 1 / 3
+# A progress line at least this often.
+PROGRESS_SECONDS = 60
 
 
 def properties_dir() -> Path:
@@ -60,6 +63,44 @@ def campaign_exit_code(summary: Summary, internal_rounds: int) -> int:
               file=sys.stderr)
         return 3
     return 1 if summary.failures() else 0
+
+
+def progress_line(summary: Summary, elapsed: float, budget: float) -> str:
+    """One line of a campaign's progress: examples per flow, failures, rate, elapsed / budget."""
+    per_flow: dict[str, int] = {}
+    new = known = 0
+    for record in summary.records:
+        for flow in record["flows"]:
+            per_flow[flow["flow"]] = per_flow.get(flow["flow"], 0) + 1
+            if flow.get("known"):
+                known += 1
+            elif Outcome(flow["outcome"]).is_failure:
+                new += 1
+    rate = summary.total_examples() / max(elapsed / 60, 1e-9)
+    flows = ", ".join(f"{name} {count}" for name, count in sorted(per_flow.items())) or "none yet"
+    return (f"[{elapsed:5.0f}s / {budget:.0f}s] {summary.total_examples()} examples ({rate:.1f}/min); "
+            f"flow results: {flows}; {new} new failing, {known} known-finding hits")
+
+
+class _Progress:
+    """Prints ``progress_line`` every ``interval`` seconds while a campaign runs."""
+
+    def __init__(self, artifacts: Path, started: float, budget: float, interval: float = PROGRESS_SECONDS):
+        self.artifacts, self.started, self.budget, self.interval = artifacts, started, budget, interval
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            print(progress_line(Summary.load(self.artifacts), time.time() - self.started, self.budget), flush=True)
+
+    def __enter__(self) -> "_Progress":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -145,6 +186,7 @@ class Campaign:
                     print("  " + line)
 
     def run(self) -> int:
+        sys.stdout.reconfigure(line_buffering=True)
         self.artifacts.mkdir(parents=True, exist_ok=True)
         started = time.time()
         deadline = started + self.minutes * 60
@@ -153,39 +195,39 @@ class Campaign:
               + (f" or {self.examples} examples per property x flow" if self.examples else "")
               + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; artifacts {self.artifacts}")
         round_index = internal_rounds = 0
-        while time.time() < deadline - 10:
-            summary = Summary.load(self.artifacts)
-            before, done = summary.total_examples(), summary.min_examples_per_cell()
-            if self.examples and done >= self.examples:
-                break
-            per_round = min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples else EXAMPLES_PER_ROUND
-            remaining = deadline - time.time()
-            try:
-                completed = subprocess.run(self._pytest_command(round_index, per_round), env=self._env(deadline),
-                                           timeout=remaining + ROUND_GRACE_SECONDS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                           text=True)
-                status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
-                    completed.returncode, f"pytest exit {completed.returncode}")
-                if completed.returncode not in (0, 1, 5):
+        with _Progress(self.artifacts, started, self.minutes * 60):
+            while time.time() < deadline - 10:
+                summary = Summary.load(self.artifacts)
+                before, done = summary.total_examples(), summary.min_examples_per_cell()
+                if self.examples and done >= self.examples:
+                    break
+                per_round = min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples else EXAMPLES_PER_ROUND
+                remaining = deadline - time.time()
+                try:
+                    completed = subprocess.run(self._pytest_command(round_index, per_round), env=self._env(deadline),
+                                               timeout=remaining + ROUND_GRACE_SECONDS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                               text=True)
+                    status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
+                        completed.returncode, f"pytest exit {completed.returncode}")
+                    if completed.returncode not in (0, 1, 5):
+                        internal_rounds += 1
+                        print(completed.stdout[-3000:])
+                except subprocess.TimeoutExpired:
+                    internal_rounds += 1
+                    status = "round timed out"
+                summary = Summary.load(self.artifacts)
+                print(f"round {round_index}: {status}; " + progress_line(summary, time.time() - started,
+                                                                          self.minutes * 60), flush=True)
+                round_index += 1
+                if status == "found failures" and summary.total_examples() == before:
+                    # pytest failed without recording one example: the suite is broken, not a lowering.
                     internal_rounds += 1
                     print(completed.stdout[-3000:])
-            except subprocess.TimeoutExpired:
-                internal_rounds += 1
-                status = "round timed out"
-            summary = Summary.load(self.artifacts)
-            print(f"[{time.time() - started:6.0f}s] round {round_index}: {status}; "
-                  f"{summary.total_examples()} examples, {len(summary.failures())} new failures, "
-                  f"{summary.known_count()} known-defect hits so far")
-            round_index += 1
-            if status == "found failures" and summary.total_examples() == before:
-                # pytest failed without recording one example: the suite is broken, not a lowering.
-                internal_rounds += 1
-                print(completed.stdout[-3000:])
-                break
-            if self.shrink and triage_spent < triage_budget and time.time() < deadline - 10:
-                began = time.time()
-                self._triage(min(deadline, began + triage_budget - triage_spent))
-                triage_spent += time.time() - began
+                    break
+                if self.shrink and triage_spent < triage_budget and time.time() < deadline - 10:
+                    began = time.time()
+                    self._triage(min(deadline, began + triage_budget - triage_spent))
+                    triage_spent += time.time() - began
         summary = Summary.load(self.artifacts)
         if self.shrink:
             print(f"triage: {triage_spent:.0f} s of {triage_budget:.0f} s allowed")
