@@ -32,6 +32,9 @@ EXAMPLES_PER_ROUND = 4
 ROUND_GRACE_SECONDS = 600
 # At most this share of the budget goes to shrinking and placing new failures.
 TRIAGE_SHARE = 1 / 3
+# Exploration stops starting examples this long before its deadline, so the
+# examples under way end within the budget.
+EXAMPLE_MARGIN_SECONDS = 60
 # A progress line at least this often.
 PROGRESS_SECONDS = 60
 
@@ -160,9 +163,15 @@ class Campaign:
             command += ["-k", self.properties]
         return command
 
+    def _queued(self, summary: Summary) -> int:
+        from etprop.commands.triage import Triage
+
+        triage = Triage(self.artifacts)
+        return len(triage.pending(triage.groups(summary.records)))
+
     def _triage(self, until: float) -> None:
-        """Shrink and place queued failure groups, one worker process per
-        group, at most ``workers`` at a time, until ``until``."""
+        """Shrink and place queued failure groups until ``until``: ``workers``
+        processes, each taking the next unclaimed group until none is left."""
         from etprop.commands.triage import Triage
 
         triage = Triage(self.artifacts)
@@ -170,7 +179,7 @@ class Campaign:
         if not queued:
             return
         command = [sys.executable, "-m", "etprop.commands.cli", "shrink", "--pending", "--artifacts",
-                   str(self.artifacts), "--until", str(until), "--max-groups", "1"]
+                   str(self.artifacts), "--until", str(until)]
         for module in self.flow_modules:
             command += ["--flow-module", module]
         running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -196,15 +205,21 @@ class Campaign:
               + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; artifacts {self.artifacts}")
         round_index = internal_rounds = 0
         with _Progress(self.artifacts, started, self.minutes * 60):
-            while time.time() < deadline - 10:
+            while True:
                 summary = Summary.load(self.artifacts)
+                # With failures queued, exploration leaves the triage share of the budget.
+                reserve = max(0.0, triage_budget - triage_spent) if self.shrink and self._queued(summary) else 0.0
+                explore_until = deadline - reserve
+                if time.time() > explore_until - 10:
+                    break
                 before, done = summary.total_examples(), summary.min_examples_per_cell()
                 if self.examples and done >= self.examples:
                     break
                 per_round = min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples else EXAMPLES_PER_ROUND
-                remaining = deadline - time.time()
+                remaining = explore_until - time.time()
                 try:
-                    completed = subprocess.run(self._pytest_command(round_index, per_round), env=self._env(deadline),
+                    completed = subprocess.run(self._pytest_command(round_index, per_round),
+                                               env=self._env(explore_until - EXAMPLE_MARGIN_SECONDS),
                                                timeout=remaining + ROUND_GRACE_SECONDS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                                text=True)
                     status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
@@ -224,10 +239,10 @@ class Campaign:
                     internal_rounds += 1
                     print(completed.stdout[-3000:])
                     break
-                if self.shrink and triage_spent < triage_budget and time.time() < deadline - 10:
-                    began = time.time()
-                    self._triage(min(deadline, began + triage_budget - triage_spent))
-                    triage_spent += time.time() - began
+            if self.shrink and time.time() < deadline - 10 and self._queued(Summary.load(self.artifacts)):
+                began = time.time()
+                self._triage(min(deadline, began + triage_budget))
+                triage_spent += time.time() - began
         summary = Summary.load(self.artifacts)
         if self.shrink:
             print(f"triage: {triage_spent:.0f} s of {triage_budget:.0f} s allowed")

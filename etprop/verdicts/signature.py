@@ -18,6 +18,7 @@ _ADDRESS = re.compile(r"\b0x[0-9a-f]+\b", re.I)
 _NUMBER = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?|\binf\b|\bnan\b", re.I)
 _QUOTED = re.compile(r"'[^']*'|\"[^\"]*\"")
 _NAME_WITH_DIGITS = re.compile(r"\b[A-Za-z_]\w*\d\w*\b")
+_FUNCTION = re.compile(r", line \d+, in (\w+)")
 _DIFFERENCE = re.compile(r"elements (differ|are [^;]*?)(;|$)")
 _ORACLE = re.compile(r"^\[([^\]]+)\] FAILED \(([^)]+)\)")
 
@@ -30,7 +31,11 @@ def signature(flow: str, outcome: str, message: str) -> str:
         kind = _DIFFERENCE.search(message)
         detail = kind.group(1) if kind else "differ"
     else:
-        first = message.split("; [")[0][head.end() if head else 0:]
+        verdict = message.split("; [")[0][head.end() if head else 0:]
+        # The exception's line and the innermost function the message names.
+        lines = verdict.strip(" :").splitlines() or [""]
+        functions = _FUNCTION.findall(verdict)
+        first = lines[0] + (f" (in {functions[-1]})" if functions else "")
         blanked = _NAME_WITH_DIGITS.sub("…", _ADDRESS.sub("0x…", _QUOTED.sub("'…'", first)))
-        detail = _NUMBER.sub("#", blanked).strip(" :")[:200]
+        detail = _NUMBER.sub("#", blanked)[:200]
     return f"{flow} | {outcome} | {oracle} | {detail}"
