@@ -56,7 +56,11 @@ def draw_body(draw, graph: GraphDraft, slots: int, drawers) -> None:
 def finish_method(graph: GraphDraft) -> dict:
     outputs = graph.leaves()
     if not outputs:
-        outputs = [graph.add("relu", [graph.inputs[0]]).name]
+        # Nothing was drawn: one relu of the first input, whose shape it keeps
+        # (added without ``add``'s size checks, which the input itself may fail).
+        source = graph.inputs[0]
+        node = {"id": graph.program.fresh("v"), "op": "relu", "args": [source.name]}
+        outputs = [graph.add_node(node, [source], source.shape).name]
     return {"inputs": _inputs_spec(graph.inputs, graph.program.dtype), "nodes": graph.nodes, "outputs": outputs}
 
 

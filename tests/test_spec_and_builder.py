@@ -110,3 +110,23 @@ def test_half_precision_programs_build_in_their_dtype(dtype):
         assert all(x.dtype == getattr(torch, dtype) for x in inputs)
         pipeline.export_program(built)
     in_dtype()
+
+
+def test_a_method_where_no_node_fits_still_gets_an_output():
+    """An input larger than drawn ops accept (4 x 12 x 12 x 12 elements) and
+    no node drawn: the method outputs one relu of it, not a generator crash."""
+    from etprop.program import spec as specmod
+    from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
+    from etprop.strategies.programs import finish_method
+
+    from hypothesis import strategies as st
+
+    @settings(max_examples=1, database=None)
+    @given(st.just(None))
+    def drawn(_):
+        program = ProgramDraft()
+        body = finish_method(GraphDraft(program, [Value(program.fresh("x"), (4, 12, 12, 12))]))
+        assert [node["op"] for node in body["nodes"]] == ["relu"] and body["outputs"] == [body["nodes"][0]["id"]]
+        specmod.validate({"format": specmod.FORMAT, "state": program.state, "methods": {"forward": body}})
+
+    drawn()
