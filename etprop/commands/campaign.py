@@ -210,7 +210,8 @@ class Campaign:
                 # With failures queued, exploration leaves the triage share of the budget.
                 reserve = max(0.0, triage_budget - triage_spent) if self.shrink and self._queued(summary) else 0.0
                 explore_until = deadline - reserve
-                if time.time() > explore_until - 10:
+                # Past this, a round would skip every example it draws.
+                if time.time() > explore_until - EXAMPLE_MARGIN_SECONDS - 10:
                     break
                 before, done = summary.total_examples(), summary.min_examples_per_cell()
                 if self.examples and done >= self.examples:
