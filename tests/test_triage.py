@@ -146,3 +146,60 @@ def test_one_program_drawn_for_two_flow_pairs_keeps_two_histories(tmp_path):
     groups = triage.Triage(tmp_path).groups([first, second])
     paths = {g.flow: g.representative["repro"] for g in groups.values()}
     assert paths["xnnpack"] != paths["coreai"] and "xnnpack" in paths["xnnpack"] and "coreai" in paths["coreai"]
+
+
+def test_failures_outside_a_merged_defect_stay_with_their_own_flow(tmp_path):
+    """Residues of a defect seen on two flows form one group per flow: a
+    group is shrunk on its own flow's program."""
+    records = [_record("a", ["tanh"], flow="xnnpack"), _record("b", ["tanh"], flow="portable"),
+               _record("c", ["relu"], flow="xnnpack"), _record("d", ["relu"], flow="portable")]
+    place = triage.Triage(tmp_path)
+    keys = {g.flow: g.key for g in place.groups(records).values()}
+    place.save(triage.Defect(keys["xnnpack"], "s", "xnnpack", "mismatch", "mixed", "export", {}, ["tanh"], 1,
+                             True, "m", merged=[keys["portable"]]))
+    groups = place.groups(records)
+    assert [m["flow"] for m in groups[keys["xnnpack"]].members] == ["xnnpack", "portable"]
+    rest = place.pending(groups)
+    assert sorted(g.flow for g in rest) == ["portable", "xnnpack"]
+    assert all(m["flow"] == g.flow for g in rest for m in g.members)
+
+
+class _Result:
+    def __init__(self, flow, message):
+        from etprop.verdicts.outcomes import Outcome
+
+        self.flow, self.message, self.known, self.outcome = flow, message, None, Outcome.MISMATCH
+
+
+class _FakeSession:
+    """A program holding a tanh fails on the one flow it is run on; the run on
+    every flow (placing a defect) finds nothing, so only canonical equality can merge."""
+
+    def run(self, spec, flows, prop, oracles, attribute=False):
+        failing = len(flows) == 1 and any(n["op"] == "tanh" for _, n in specmod.all_nodes(spec))
+
+        class Example:
+            results = [_Result(flows[0].name, "[eager equivalence] FAILED (mismatch): 1 / 4 elements differ")] \
+                if failing else []
+        return Example()
+
+
+def test_a_group_shrinking_to_another_defects_program_merges_into_it(tmp_path):
+    """Two groups (two flows) whose programs shrink to one program, names
+    aside: one defect, with the hits of both; the second writes no defect."""
+    from etprop.verdicts.check import Artifacts
+
+    records = [_record("a", ["relu", "tanh"], flow="xnnpack"), _record("b", ["tanh", "abs"], flow="portable")]
+    for record, ops, name in zip(records, (["relu", "tanh"], ["tanh", "abs"]), ("x", "inp")):
+        spec = json.loads(json.dumps(_chain(ops)).replace('"x"', f'"{name}"'))
+        path = Artifacts(tmp_path).history_path("mixed", [record["flows"][0]["flow"]], record["digest"])
+        repro.write(path, spec, [record["flows"][0]["flow"]], "mixed", "mismatch", "m", script=False)
+    place = triage.Triage(tmp_path)
+    first, second = sorted(place.groups(records).values(), key=lambda g: g.flow != "xnnpack")
+    placed = triage.triage_group(place, first, _FakeSession(), None, log=lambda line: None)
+    assert placed.ops == ["tanh"] and placed.nodes == 1 and placed.key == first.key
+    merged = triage.triage_group(place, second, _FakeSession(), None, log=lambda line: None)
+    assert merged.key == first.key and second.key in merged.merged
+    assert set(place.defects()) == {first.key}
+    groups = place.groups(records)
+    assert list(groups) == [first.key] and len(groups[first.key].members) == 2 and not place.pending(groups)

@@ -171,7 +171,8 @@ class Triage:
                     defect = defects.get(key)
                     if defect is None or not defect.reproduced or set(defect.ops) <= set(record.get("ops", [])):
                         break
-                    key = _short(f"{key} without {sorted(defect.ops)}")
+                    # Not that defect: a group of this signature's own.
+                    key = _short(f"{sig} without {sorted(defect.ops)}")
                 group = groups.setdefault(key, Group(key, sig, flow["flow"], flow["outcome"]))
                 history = Artifacts(self.artifacts).history_path(
                     record["property"], [f["flow"] for f in record["flows"]], record["digest"])
@@ -305,6 +306,14 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
         log(f"triage {group.key}: budget spent at {specmod.count_ops(shrunk.spec)} nodes; queued")
         return None
     spec = shrunk.spec
+    mine = canonical(spec)
+    for other in triage.defects().values():
+        if other.key != group.key and other.reproduced and (triage.directory(other.key) / "shrunk.json").exists() \
+                and canonical(repro.read(triage.directory(other.key) / "shrunk.json")["spec"]) == mine:
+            log(f"triage {group.key}: the same minimal program as {other.key}; merged")
+            triage.merge(other, [group.key])
+            progress.unlink(missing_ok=True)
+            return other
     everywhere = [f for f in flowreg.available_flows()]
     layer_property, layer_oracles = _oracles_for(spec)
     try:
@@ -332,14 +341,6 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
                               shrink=shrunk.facts(member["spec"]))
     repro.atomic_write(directory / "draft.md", draft(defect, spec, shrunk_path.with_suffix(".py").read_text(),
                                                      repro.versions()))
-    mine = canonical(spec)
-    for other in triage.defects().values():
-        if other.key != group.key and other.reproduced and (triage.directory(other.key) / "shrunk.json").exists() \
-                and canonical(repro.read(triage.directory(other.key) / "shrunk.json")["spec"]) == mine:
-            log(f"triage {group.key}: the same minimal program as {other.key}; merged")
-            triage.save(defect)
-            triage.merge(other, [group.key])
-            return other
     seen_elsewhere = [key for key, sig in ((_short(s), s) for s in signatures.values()) if key != group.key]
     defect.merged = sorted(set(seen_elsewhere))
     triage.save(defect)
