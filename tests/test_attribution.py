@@ -82,6 +82,8 @@ BROAD = {
     "EXIR-003": ("portable", _repro_spec("exir_view_in_loop_body.json")),
     "KERNELS-001": ("xnnpack", _repro_spec("kernels_add_alpha_one_element_first_operand.json")),
     "KERNELS-002": ("portable", _repro_spec("kernels_var_float16_overflow.json")),
+    "KERNELS-003": ("portable", _repro_spec("kernels_group_norm_negative_variance.json")),
+    "EXIR-004": ("portable", _repro_spec("exir_bicubic_antialias_not_core_aten.json")),
     "XNN-011": ("xnnpack", _repro_spec("xnnpack_addmm_matrix_bias_first_row.json")),
     "COREAI-012": ("coreai", _repro_spec("coreai_nearest_downsample_half_pixel.json")),
 }
@@ -231,6 +233,34 @@ def test_nearest_by_index_is_nearest_interpolation(size):
     inputs = original.inputs("forward")
     torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kwargs, shape", [
+    ({"num_groups": 5, "num_channels": 5, "eps": 1e-3, "affine": False}, (3, 5, 1)),
+    ({"num_groups": 2, "num_channels": 6, "eps": 1e-5, "affine": True}, (2, 6, 4, 3)),
+    ({"num_groups": 1, "num_channels": 4, "eps": 1e-5, "affine": True}, (2, 4, 7)),
+])
+def test_two_pass_group_norm_is_group_norm(kwargs, shape):
+    """KERNELS-003's equivalent form matches nn.GroupNorm, and leaves other layers alone."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "n"}],
+                    {"n": {"kind": "layer", "type": "GroupNorm", "seed": 3, "kwargs": kwargs}}, shape=shape)
+    rewritten, changed = neutralize(spec, [{"rewrite": "set_attrs", "ops": ["layer"], "attrs": {"two_pass": True}}])
+    assert changed == 1
+    original, twin = builder.build(spec), builder.build(rewritten)
+    assert "_group_norm_two_pass(self.n, x)" in twin.source
+    inputs = original.inputs("forward")
+    torch.testing.assert_close(twin.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
+                               rtol=1e-5, atol=1e-5)
+    linear = builder.build(_program([{"id": "v0", "op": "layer", "args": ["x"], "state": "n",
+                                      "attrs": {"two_pass": True}}],
+                                    {"n": {"kind": "layer", "type": "Linear", "seed": 3,
+                                           "kwargs": {"in_features": 8, "out_features": 3}}}))
+    torch.testing.assert_close(linear.eager("forward", linear.inputs("forward"))[0],
+                               linear.module.n(linear.inputs("forward")[0]), rtol=0, atol=0)
 
 
 def test_a_neutralized_spec_that_does_not_export_leaves_the_failure_new(session, monkeypatch):

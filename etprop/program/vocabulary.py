@@ -29,6 +29,10 @@ def _call(fn: str, *kwnames: str, nargs: int | None = None) -> Render:
 
 
 def _layer(args, attrs, state):
+    """``two_pass``: a GroupNorm's variance about its mean (the same values;
+    a neutralization)."""
+    if attrs.get("two_pass"):
+        return f"_group_norm_two_pass(self.{state}, {args[0]})"
     return f"self.{state}({args[0]})"
 
 
