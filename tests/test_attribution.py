@@ -64,6 +64,13 @@ def _repro_spec(name: str) -> dict:
     return json.loads((known_findings.FINDINGS_DIR / "repros" / name).read_text())["spec"]
 
 
+def _with_relu_output(spec: dict) -> dict:
+    body = spec["methods"]["forward"]
+    body["nodes"].append({"id": "extra", "op": "relu", "args": [body["inputs"][0]["name"]]})
+    body["outputs"].append("extra")
+    return spec
+
+
 # (finding, flow, a program containing its cause)
 BROAD = {
     "XNN-001": ("xnnpack", _program(
@@ -82,7 +89,8 @@ BROAD = {
     "EXIR-003": ("portable", _repro_spec("exir_view_in_loop_body.json")),
     "KERNELS-001": ("xnnpack", _repro_spec("kernels_add_alpha_one_element_first_operand.json")),
     "KERNELS-002": ("portable", _repro_spec("kernels_var_float16_overflow.json")),
-    "KERNELS-003": ("portable", _repro_spec("kernels_group_norm_negative_variance.json")),
+    # Its group norm outputs zeros (which a negation leaves as they are); a relu output shows the second fault.
+    "KERNELS-003": ("portable", _with_relu_output(_repro_spec("kernels_group_norm_negative_variance.json"))),
     "EXIR-004": ("portable", _repro_spec("exir_bicubic_antialias_not_core_aten.json")),
     "XNN-011": ("xnnpack", _repro_spec("xnnpack_addmm_matrix_bias_first_row.json")),
     "COREAI-012": ("coreai", _repro_spec("coreai_nearest_downsample_half_pixel.json")),
