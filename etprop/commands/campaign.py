@@ -32,8 +32,8 @@ EXAMPLES_PER_ROUND = 4
 ROUND_GRACE_SECONDS = 600
 # At most this share of the budget goes to shrinking and placing new failures.
 TRIAGE_SHARE = 1 / 3
-# Exploration stops starting examples this long before its deadline, so the
-# examples under way end within the budget.
+# Exploration stops starting examples, and triage shrink steps, this long
+# before their deadlines, so the work under way ends within the budget.
 EXAMPLE_MARGIN_SECONDS = 60
 # A progress line at least this often.
 PROGRESS_SECONDS = 60
@@ -240,9 +240,12 @@ class Campaign:
                     internal_rounds += 1
                     print(completed.stdout[-3000:])
                     break
-            if self.shrink and time.time() < deadline - 10 and self._queued(Summary.load(self.artifacts)):
+            # A shrink step or the run placing a defect may take a minute past
+            # the time it starts: triage stops starting them that long before the end.
+            triage_until = deadline - EXAMPLE_MARGIN_SECONDS
+            if self.shrink and time.time() < triage_until - 10 and self._queued(Summary.load(self.artifacts)):
                 began = time.time()
-                self._triage(min(deadline, began + triage_budget))
+                self._triage(min(triage_until, began + triage_budget))
                 triage_spent += time.time() - began
         summary = Summary.load(self.artifacts)
         if self.shrink:
