@@ -314,7 +314,7 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
             triage.merge(other, [group.key])
             progress.unlink(missing_ok=True)
             return other
-    everywhere = [f for f in flowreg.available_flows()]
+    everywhere = [flowreg.get(name) for name in session.available_flows()]
     layer_property, layer_oracles = _oracles_for(spec)
     try:
         placed = session.run(spec, everywhere, layer_property, layer_oracles)

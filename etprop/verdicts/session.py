@@ -48,6 +48,12 @@ def _label(text: str) -> None:
         event(text)
 
 
+def available_flow_names() -> list[str]:
+    from etprop import flows
+
+    return [flow.name for flow in flows.available_flows()]
+
+
 def record_only() -> bool:
     """In a campaign a new failure is recorded, not raised (ETPROP_RECORD_ONLY=1)."""
     return os.environ.get("ETPROP_RECORD_ONLY", "0") == "1"
@@ -72,6 +78,14 @@ class Session:
         self.flow_modules = flow_modules if flow_modules is not None else \
             [m for m in os.environ.get("ETPROP_FLOW_MODULE", "").split(",") if m]
         self._worker = Worker(self.flow_modules, WORKER_PRELOAD) if self.isolated else None
+
+    def available_flows(self) -> list[str]:
+        """Flows available where examples run (the worker knows the entry
+        points' flows and this session's flow modules, not every flow this
+        process has registered)."""
+        if self._worker is None:
+            return available_flow_names()
+        return self._worker.call(available_flow_names)
 
     def close(self) -> None:
         if self._worker is not None:
