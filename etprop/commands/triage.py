@@ -158,6 +158,7 @@ class Triage:
     def groups(self, records: list[dict]) -> dict[str, Group]:
         defects = self.defects()
         merged = {key: d.key for d in defects.values() for key in d.merged if key not in defects}
+        kept = Artifacts(self.artifacts)
         groups: dict[str, Group] = {}
         for record in records:
             for flow in record["flows"]:
@@ -174,7 +175,7 @@ class Triage:
                     # Not that defect: a group of this signature's own.
                     key = _short(f"{sig} without {sorted(defect.ops)}")
                 group = groups.setdefault(key, Group(key, sig, flow["flow"], flow["outcome"]))
-                history = Artifacts(self.artifacts).history_path(
+                history = kept.history_path(
                     record["property"], [f["flow"] for f in record["flows"]], record["digest"])
                 group.members.append({"property": record["property"], "flow": flow["flow"],
                                       "nodes": record.get("nodes", 0), "message": flow["message"],
@@ -182,10 +183,10 @@ class Triage:
         return groups
 
     def pending(self, groups: dict[str, Group]) -> list[Group]:
-        """Groups without a defect, most hits first."""
+        """Groups without a defect, most hits first (``groups`` already files
+        merged groups under their defect)."""
         defects = self.defects()
-        merged = {key for d in defects.values() for key in d.merged}
-        waiting = [g for key, g in groups.items() if key not in defects and key not in merged]
+        waiting = [g for key, g in groups.items() if key not in defects]
         return sorted(waiting, key=lambda g: (-len(g.members), g.key))
 
     def claim(self, key: str) -> bool:
