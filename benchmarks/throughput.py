@@ -9,7 +9,10 @@ For a fixed, deterministic sample of drawn programs, per flow:
 - isolation overhead: the same examples through the warm worker process vs
   in-process.
 
-    .venv/bin/python benchmarks/throughput.py [--examples 6] [--flows portable,xnnpack]
+Float programs and the same kind of programs PT2E-quantized (quantization
+counts as torch time: export, prepare, calibrate, convert) are measured apart.
+
+    .venv/bin/python benchmarks/throughput.py [--examples 6] [--flows portable,xnnpack] [--families float,quantized]
 """
 
 from __future__ import annotations
@@ -28,15 +31,18 @@ from etprop.verdicts.check import Artifacts, run_example
 from etprop.oracles.sets import SINGLE_FLOW
 from etprop.verdicts.session import Session
 from etprop.program.spec import count_ops
-from etprop.strategies.programs import programs
+from etprop.strategies.programs import programs, quantized
 
 
-def sample_specs(count: int, min_nodes: int, max_nodes: int) -> list[dict]:
+def sample_specs(count: int, min_nodes: int, max_nodes: int, family: str = "float") -> list[dict]:
     specs = []
+    strategy = programs(min_nodes=min_nodes, max_nodes=max_nodes)
+    if family == "quantized":
+        strategy = quantized(programs(min_nodes=min_nodes, max_nodes=max_nodes, gemm_heavy=True, dtype="float32"))
 
     @settings(max_examples=count, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
-    @given(spec=programs(min_nodes=min_nodes, max_nodes=max_nodes))
+    @given(spec=strategy)
     def collect(spec):
         specs.append(spec)
 
@@ -95,23 +101,27 @@ def main() -> None:
     parser.add_argument("--flows", default="")
     parser.add_argument("--no-isolation", action="store_true")
     args = parser.parse_args()
+    parser.add_argument("--families", default="float,quantized")
+    args = parser.parse_args()
     chosen = [flowreg.get_available(n) for n in args.flows.split(",") if n] or \
         [f for f in flowreg.available_flows() if f.name in ("portable", "xnnpack", "coreai")]
-    specs = sample_specs(args.examples, args.min_nodes, args.max_nodes)
-    ops = [count_ops(s) for s in specs]
-    print(f"{len(specs)} programs, {statistics.mean(ops):.1f} ops on average (min {min(ops)}, max {max(ops)})")
-    print(f"{'flow':22} {'ex/min':>7} {'s/ex':>6} {'ExecuTorch':>11} {'torch':>7} {'etprop':>7}"
-          f" {'isolated s/ex':>14} {'in-proc s/ex':>13} {'isolation':>10}")
-    with tempfile.TemporaryDirectory() as tmp:
-        for flow in chosen:
-            figures = measure_flow(flow, specs, Path(tmp) / flow.name)
-            per = figures["wall"] / len(specs)
-            line = (f"{flow.name:22} {60 / per:7.1f} {per:6.2f} {figures['executorch'] / figures['wall']:10.1%} "
-                    f"{figures['torch'] / figures['wall']:7.1%} {figures['etprop'] / figures['wall']:7.1%}")
-            if not args.no_isolation:
-                isolated, inproc = measure_isolation(flow, specs, Path(tmp) / flow.name)
-                line += f" {isolated:14.2f} {inproc:13.2f} {(isolated - inproc) / inproc:10.1%}"
-            print(line, flush=True)
+    for family in args.families.split(","):
+        specs = sample_specs(args.examples, args.min_nodes, args.max_nodes, family)
+        ops = [count_ops(s) for s in specs]
+        print(f"{family}: {len(specs)} programs, {statistics.mean(ops):.1f} ops on average "
+              f"(min {min(ops)}, max {max(ops)})")
+        print(f"{'flow':22} {'ex/min':>7} {'s/ex':>6} {'ExecuTorch':>11} {'torch':>7} {'etprop':>7}"
+              f" {'isolated s/ex':>14} {'in-proc s/ex':>13} {'isolation':>10}")
+        with tempfile.TemporaryDirectory() as tmp:
+            for flow in chosen:
+                figures = measure_flow(flow, specs, Path(tmp) / flow.name)
+                per = figures["wall"] / len(specs)
+                line = (f"{flow.name:22} {60 / per:7.1f} {per:6.2f} {figures['executorch'] / figures['wall']:10.1%} "
+                        f"{figures['torch'] / figures['wall']:7.1%} {figures['etprop'] / figures['wall']:7.1%}")
+                if not args.no_isolation:
+                    isolated, inproc = measure_isolation(flow, specs, Path(tmp) / flow.name)
+                    line += f" {isolated:14.2f} {inproc:13.2f} {(isolated - inproc) / inproc:10.1%}"
+                print(line, flush=True)
 
 
 if __name__ == "__main__":

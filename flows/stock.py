@@ -6,7 +6,7 @@ from etprop.flows import register
 from etprop.flows.base import Flow, Promises
 
 # Op families a flow promises to delegate; see oracles/coverage.py.
-XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS = frozenset({"gemm_static_weight"})
+XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS = frozenset({"gemm_static_weight", "gemm_quantized_weight"})
 
 
 XNNPACK_RECIPE = """

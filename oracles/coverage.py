@@ -9,6 +9,9 @@ promises to delegate (``Promises.delegates``):
   runs in a delegate;
 - ``gemm_computed_weight``: the same for a weight or bias computed only from
   such tensors (weight_norm & co.), and the computation goes with it;
+- ``gemm_quantized_weight``: a GEMM whose weight is dequantized from a
+  static int8 tensor (a PT2E-quantized program's Q/DQ pattern) runs in a
+  delegate: left outside, the pattern was not fused into a quantized operator;
 - ``gemm_in_control_flow``: the claims above also hold inside cond/map/scan
   bodies, where a weight placeholder that always receives a top-level
   parameter, buffer or constant is static (without it, only top-level GEMMs
@@ -90,9 +93,13 @@ def _static_inputs(program) -> set[str]:
             | set(signature.inputs_to_lifted_tensor_constants))
 
 
+_DEQUANTIZE = {"dequantize_per_tensor", "dequantize_per_channel"}
+
+
 def _source_kind(node, static: set[str], depth: int = 0) -> str:
-    """'static' (a parameter through views), 'computed' (only from static
-    tensors), or 'dynamic' (depends on a user input)."""
+    """'static' (a parameter through views), 'quantized' (dequantized from a
+    static tensor), 'computed' (only from static tensors), or 'dynamic'
+    (depends on a user input)."""
     if node.op == "placeholder":
         return "static" if node.name in static else "dynamic"
     if node.op == "get_attr":
@@ -104,8 +111,10 @@ def _source_kind(node, static: set[str], depth: int = 0) -> str:
     kinds = {_source_kind(arg, static, depth + 1) for arg in operands}
     if "dynamic" in kinds or not kinds:
         return "dynamic"
-    if kinds == {"static"} and op_name(node) in _VIEWS:
-        return "static"
+    if len(kinds) == 1 and kinds <= {"static", "quantized"} and op_name(node) in _VIEWS:
+        return kinds.pop()
+    if op_name(node) in _DEQUANTIZE and _source_kind(operands[0], static, depth + 1) == "static":
+        return "quantized"
     return "computed"
 
 
@@ -202,11 +211,15 @@ def check(lowering, lowerings=None) -> Verdict:
     wanted = {"static"} if "gemm_static_weight" in claims else set()
     if "gemm_computed_weight" in claims:
         wanted.add("computed")
+    if "gemm_quantized_weight" in claims:
+        wanted.add("quantized")
     in_control_flow = "gemm_in_control_flow" in claims
     dtypes = lowering.flow.promises.delegate_dtypes
     missed = [g for g in undelegated_gemms(lowering, in_control_flow, dtypes) if g[3] in wanted] if wanted else []
     if missed:
         listed = ", ".join(f"{method}/{node} ({op}, {kind} weight)" for method, node, op, kind in missed[:10])
+        if any(kind == "quantized" for *_, kind in missed):
+            listed += "; a quantized GEMM outside a delegate means its Q/DQ pattern was not fused"
         return Verdict.failed(NAME, f"{len(missed)} GEMM(s) that {lowering.flow.name} promises to delegate "
                                     f"run on portable kernels: {listed}", missed=missed, portable=dict(ops))
     return Verdict.passed(NAME, f"{sum(ops.values())} ops outside delegates", portable=dict(ops))

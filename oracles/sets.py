@@ -22,6 +22,7 @@ ORACLES_BY_PROPERTY = {
     "differential": DIFFERENTIAL,
     "control_flow": SINGLE_FLOW,
     "multi_method": MULTI_METHOD,
+    "quantized": SINGLE_FLOW,
     "differential_multi_method": DIFFERENTIAL_MULTI_METHOD,
     "equivalence": EQUIVALENCE,
 }

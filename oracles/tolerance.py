@@ -95,12 +95,38 @@ OP_ULPS: dict[tuple[str, str], dict[str, float]] = {
 }
 
 
+# Quantized programs (etprop/program/quantize.py) are judged against their
+# converted Q/DQ program, whose perturbed runs replace the jittered ones:
+# - TIE_STEPS: each activation entering a quantization moves by this many of
+#   its steps, so elements that close to a rounding boundary round the other
+#   way in some run. A correct backend moves them by far less: XNNPACK's int32
+#   bias (0.5 of input scale times weight scale) and its float32 requantization
+#   scale are about 0.01 to 0.02 output steps. A lowering that uses another
+#   scale or zero point for a tensor, or skips a requantization, moves every
+#   element of it by up to a whole step and is caught.
+# - QUANTIZED_FLOAT_ULPS: the float ops around and between quantized
+#   patterns, as TRANSCENDENTAL_ULPS for float programs.
+# - DYNAMIC_STEPS: an activation entering a dynamic quantization moves by up
+#   to half a step: XNNPACK picks quantization parameters per row, not per
+#   tensor as the reference does, so any element may round the other way.
+#   Dynamic schemes also add a run with those activations left unrounded.
+# - QUANTIZED_RANDOM_RUNS: random patterns of those moves. The actual
+#   differences are one such pattern; a bound SPREAD_FACTOR times the largest
+#   of 8 samples leaves it a negligible chance per element to be exceeded.
+TIE_STEPS = 0.05
+DYNAMIC_STEPS = 0.5
+QUANTIZED_FLOAT_ULPS = TRANSCENDENTAL_ULPS
+QUANTIZED_RANDOM_RUNS = 8
+
+
 def op_ulps(runtime: str, dtype: str) -> dict[str, float]:
     """Error budgets for the jittered runs of a program run by ``runtime``;
     the up and down runs move every value SPREAD_FACTOR times as far as the
     random ones (so they cross a rounding op's or a branch's boundary
     wherever a difference the bound allows would)."""
-    return {"directional": SPREAD_FACTOR, **OP_ULPS.get((runtime, dtype), {})}
+    return {"directional": SPREAD_FACTOR, "tie_steps": TIE_STEPS, "dynamic_steps": DYNAMIC_STEPS,
+            "quantized_float_ops": QUANTIZED_FLOAT_ULPS, "random_runs": QUANTIZED_RANDOM_RUNS,
+            **OP_ULPS.get((runtime, dtype), {})}
 
 
 @dataclass

@@ -10,7 +10,8 @@ from __future__ import annotations
 from hypothesis import event
 from hypothesis import strategies as st
 
-from etprop.program.spec import FORMAT
+from etprop.program.quantize import SCHEMES
+from etprop.program.spec import FORMAT, QUANTIZED_FORMAT, all_nodes
 from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
 from etprop.strategies.ops import DRAWERS, GEMM_DRAWERS
 
@@ -172,3 +173,40 @@ def multi_method_programs(draw, min_methods: int = 2, max_methods: int = 4, max_
         methods[name] = draw(method_body(program, 2, max_nodes, GEMM_DRAWERS + DRAWERS))
         event("multi-method: other graph, shared state")
     return _spec(program, methods)
+
+
+# Layers whose modules the quantizer can be limited to (set_module_name).
+_QUANTIZABLE_LAYERS = ("Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTranspose2d")
+
+
+@st.composite
+def quantization_configs(draw, spec: dict) -> dict:
+    """A PT2E quantization of ``spec`` (etprop/program/quantize.py): a scheme,
+    the whole program or some of its GEMM layers, and the calibration batches."""
+    scheme = draw(st.sampled_from(SCHEMES))
+    layers = sorted({node["state"] for _, node in all_nodes(spec) if node["op"] == "layer"
+                     and spec["state"][node["state"]].get("type") in _QUANTIZABLE_LAYERS})
+    modules = None
+    if layers and draw(st.integers(0, 3)) == 3:
+        modules = sorted(draw(st.sets(st.sampled_from(layers), min_size=1, max_size=len(layers))))
+        event("quantization: some layers")
+    event(f"quantization: {scheme}")
+    return {"scheme": scheme, "modules": modules, "calibration": draw(st.integers(1, 3))}
+
+
+def _stateful(spec: dict) -> bool:
+    return any(entry["kind"] == "buffer" and entry.get("mutable") for entry in spec["state"].values())
+
+
+@st.composite
+def quantized(draw, float_programs):
+    """A float32 program from ``float_programs``, quantized: the same graph
+    after prepare_pt2e, calibration and convert_pt2e (programs that mutate a
+    buffer stay out: a converted program is judged call by call)."""
+    spec = draw(float_programs.filter(lambda s: s.get("dtype", "float32") == "float32" and not _stateful(s)))
+    return {**spec, "format": QUANTIZED_FORMAT, "quantization": draw(quantization_configs(spec))}
+
+
+def quantized_programs(min_nodes: int = 4, max_nodes: int = 24):
+    """GEMM-heavy programs (where quantized operators matter), quantized."""
+    return quantized(programs(min_nodes=min_nodes, max_nodes=max_nodes, gemm_heavy=True, dtype="float32"))

@@ -165,6 +165,9 @@ def _results(tmp_path) -> Path:
         {"property": "mixed", "digest": "b", "ops": ["addmm"], "nodes": 1, "seconds": 1.0,
          "executorch_seconds": 0.9, "repro": "repros/mixed--xnnpack--mismatch.json",
          "flows": [{"flow": "xnnpack", "outcome": "mismatch", "known": None, "message": "output 0 <differs>"}]},
+        {"property": "quantized", "digest": "c", "ops": ["layer"], "nodes": 1, "seconds": 2.0,
+         "executorch_seconds": 1.5, "repro": None, "quantization": "dynamic_per_channel",
+         "flows": [{"flow": "xnnpack", "outcome": "pass", "known": None, "message": ""}]},
     ]
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "w.jsonl").write_text("\n".join(json.dumps(l) for l in lines) + "\n{cut")
@@ -176,15 +179,17 @@ def test_progress_line_counts_examples_per_flow_failures_and_rate(tmp_path):
 
     summary = Summary.load(_results(tmp_path))
     assert progress_line(summary, 120.0, 1800.0) == (
-        "[  120s / 1800s] 2 examples (1.0/min); flow results: xnnpack 2; 1 new failing, 0 known-finding hits")
+        "[  120s / 1800s] 3 examples (1.5/min); flow results: xnnpack 3; 1 new failing, 0 known-finding hits")
 
 
 def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
     summary = Summary.load(_results(tmp_path))
-    assert summary.total_examples() == 2 and len(summary.failures()) == 1
+    assert summary.total_examples() == 3 and len(summary.failures()) == 1
     markdown, html_path = write_reports(summary, tmp_path / "reports")
     text = markdown.read_text()
     assert "| mixed | `xnnpack` | 2 | 1 pass, 1 mismatch |" in text
+    assert "| dynamic_per_channel | `xnnpack` | 1 | 1 pass |" in text
+    assert "dynamic_per_channel" in summary.text()
     page = html_path.read_text()
     assert "&lt;differs&gt;" in page and "repros/history/mixed--xnnpack--b.json" in page and "<td><code>addmm" in page
     assert page.index("Defects") < page.index("Outcomes per property and flow")

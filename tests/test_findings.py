@@ -27,7 +27,8 @@ def test_index_is_consistent():
 
 # Outcomes a standalone script judges (equivalence and the stages before it);
 # structural oracles (storage, cycles, coverage) need etprop.
-STANDALONE_JUDGES = {"mismatch", "lowering error", "load error", "run error", "export error", "crash"}
+STANDALONE_JUDGES = {"mismatch", "lowering error", "load error", "run error", "export error", "crash",
+                     "quantization error"}
 
 
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:

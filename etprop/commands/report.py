@@ -85,6 +85,16 @@ class Summary:
                 cells[(record["property"], flow["flow"])][label] += 1
         return dict(cells)
 
+    def quantization_cells(self) -> dict[tuple[str, str], Counter]:
+        """Outcomes of quantized programs per (quantization scheme, flow)."""
+        cells: dict[tuple[str, str], Counter] = defaultdict(Counter)
+        for record in self.records:
+            if record.get("quantization"):
+                for flow in record["flows"]:
+                    label = flow["outcome"] + (f" (known {flow['known']})" if flow.get("known") else "")
+                    cells[(record["quantization"], flow["flow"])][label] += 1
+        return dict(cells)
+
     def total_examples(self) -> int:
         return len(self.records)
 
@@ -173,6 +183,12 @@ class Summary:
         for (prop, flow), counts in sorted(self.cells().items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             lines.append(f"  {prop:24} {flow:22} {sum(counts.values()):5} examples: {outcome_text}")
+        quantized = self.quantization_cells()
+        if quantized:
+            lines += ["", "quantized programs, scheme x flow: outcomes"]
+        for (scheme, flow), counts in sorted(quantized.items()):
+            outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
+            lines.append(f"  {scheme:24} {flow:22} {sum(counts.values()):5} flow results: {outcome_text}")
         return "\n".join(lines)
 
     def markdown(self) -> str:
@@ -190,6 +206,12 @@ class Summary:
         for (prop, flow), counts in sorted(self.cells().items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             lines.append(f"| {prop} | `{flow}` | {sum(counts.values())} | {outcome_text} |")
+        quantized = self.quantization_cells()
+        if quantized:
+            lines += ["", "| quantization scheme | flow | flow results | outcomes |", "|---|---|---|---|"]
+        for (scheme, flow), counts in sorted(quantized.items()):
+            outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
+            lines.append(f"| {scheme} | `{flow}` | {sum(counts.values())} | {outcome_text} |")
         return "\n".join(lines) + "\n"
 
     def html(self) -> str:
@@ -209,6 +231,11 @@ class Summary:
         rows = "".join(
             f"<tr><td>{esc(prop)}</td><td><code>{esc(flow)}</code></td><td>{sum(c.values())}</td>"
             f"<td>{badges(c)}</td></tr>" for (prop, flow), c in sorted(self.cells().items()))
+        quantized = "".join(
+            f"<tr><td>{esc(scheme)}</td><td><code>{esc(flow)}</code></td><td>{sum(c.values())}</td>"
+            f"<td>{badges(c)}</td></tr>" for (scheme, flow), c in sorted(self.quantization_cells().items()))
+        quantized_table = (f"<h2>Quantized programs per scheme and flow</h2><table><tr><th>scheme</th><th>flow</th>"
+                           f"<th>flow results</th><th>outcomes</th></tr>{quantized}</table>" if quantized else "")
         coverage = self.op_coverage()
         all_ops = sorted({op for c in coverage.values() for op in c})
         cov_head = "".join(f"<th>{esc(flow)}</th>" for flow in sorted(coverage))
@@ -225,6 +252,7 @@ pre{{background:#f6f6f6;padding:6px;white-space:pre-wrap}}</style></head><body>
 <h1>etprop campaign</h1><p>{esc(self.headline())}</p>
 <h2>Defects</h2><table><tr><th>layer</th><th>defect</th><th>hits</th><th>seen in</th><th>files</th></tr>{defect_rows}</table>
 <h2>Outcomes per property and flow</h2><table><tr><th>property</th><th>flow</th><th>examples</th><th>outcomes</th></tr>{rows}</table>
+{quantized_table}
 <h2>Op coverage (examples containing each op)</h2><table><tr><th>op</th>{cov_head}</tr>{cov_rows}</table>
 </body></html>"""
 

@@ -62,7 +62,41 @@ def prune(spec: dict) -> dict:
     for body in spec["methods"].values():
         used |= _referenced_state(body["nodes"])
     spec["state"] = {name: entry for name, entry in spec.get("state", {}).items() if name in used}
+    quantization = spec.get("quantization")
+    if quantization and quantization.get("modules"):
+        kept = [name for name in quantization["modules"] if name in spec["state"]]
+        if kept:
+            quantization["modules"] = kept
+        else:
+            spec = _float(spec)
     return spec
+
+
+def _float(spec: dict) -> dict:
+    """The program without its quantization (a float spec)."""
+    smaller = {key: value for key, value in spec.items() if key != "quantization"}
+    smaller["format"] = specmod.FORMAT
+    return smaller
+
+
+def _quantization_simplifications(spec: dict) -> Iterator[tuple[str, dict]]:
+    """No quantization, then the quantizer narrowed to one layer, one
+    calibration batch."""
+    quantization = spec.get("quantization")
+    if not quantization:
+        return
+    yield "no quantization", _float(spec)
+    layers = quantization.get("modules") or sorted(
+        {node["state"] for _, node in specmod.all_nodes(spec) if node["op"] == "layer"})
+    if len(layers) > 1 or not quantization.get("modules"):
+        for layer in layers:
+            smaller = copy.deepcopy(spec)
+            smaller["quantization"]["modules"] = [layer]
+            yield f"quantize layer {layer} only", smaller
+    if quantization.get("calibration", 1) > 1:
+        smaller = copy.deepcopy(spec)
+        smaller["quantization"]["calibration"] = 1
+        yield "one calibration batch", smaller
 
 
 def _bodies(spec: dict) -> Iterator[tuple[str, dict]]:
@@ -120,7 +154,9 @@ def _node_removals(spec: dict) -> Iterator[tuple[str, dict]]:
 def _simplifications(spec: dict) -> Iterator[tuple[str, dict]]:
     """Same nodes, simpler program: float32 for a low-precision dtype, one
     input read in place of another of its shape, static shapes, smaller
-    inputs, arguments back to their defaults."""
+    inputs, arguments back to their defaults; for a quantized program, no
+    quantization or less of it first."""
+    yield from _quantization_simplifications(spec)
     low_precision = spec.get("dtype", "float32") != "float32" or any(
         inp.get("dtype", "float32") not in ("float32", "int64", "bool")
         for body in spec["methods"].values() for inp in body["inputs"]) or any(
@@ -210,6 +246,11 @@ def size(spec: dict) -> tuple:
         inp.get("dtype") in ("float16", "bfloat16") for inp in inputs) + sum(
         1 for e in spec.get("state", {}).values() if e.get("dtype") in ("float16", "bfloat16"))
     attrs = sum(len(node.get("attrs", {})) for _, node in specmod.all_nodes(spec))
+    quantization = spec.get("quantization")
+    if quantization:
+        # Quantized counts as low precision: the whole program, or each annotated layer.
+        low += 1 + len(quantization.get("modules") or spec.get("state", {}))
+        attrs += quantization.get("calibration", 1) - 1
     elements = sum(math.prod(inp["shape"]) + len(inp.get("dynamic", [])) for inp in inputs)
     return (specmod.count_ops(spec), params + outputs + len(spec["methods"]), len(inputs), low, attrs,
             elements, len(specmod.dumps(spec)))

@@ -51,6 +51,26 @@ def _nearest_by_index(x, size):
     return x
 
 
+def _output_padded(full, padding, output_padding, bias):
+    """A transposed convolution from its full result (no padding, no
+    output_padding, no bias): ``padding`` cropped from each end of every
+    spatial dim, the end extended by ``output_padding`` (positions no input
+    reaches beyond the full result are zeros), then the bias (a
+    neutralization's equivalent form)."""
+    dims = full.dim() - 2
+    crops = [padding] * dims if isinstance(padding, int) else list(padding)
+    extra = [output_padding] * dims if isinstance(output_padding, int) else list(output_padding)
+    tails = []
+    for crop, amount in zip(reversed(crops), reversed(extra)):
+        tails += [0, max(0, amount - crop)]
+    y = F.pad(full, tails)
+    for offset, (crop, amount) in enumerate(zip(crops, extra)):
+        y = y.narrow(2 + offset, crop, full.shape[2 + offset] - 2 * crop + amount)
+    if bias is not None:
+        y = y + bias.reshape([1, -1] + [1] * dims)
+    return y
+
+
 def _group_norm_two_pass(norm, x):
     """A GroupNorm layer with its variance taken about the group mean (two
     passes, as eager computes it); other layers as they are (a neutralization's
@@ -558,7 +578,10 @@ def render_source(spec: dict, jitter: bool = False) -> str:
     with: the same program and weights, every node's value passed through
     ``_jitter`` and control flow run as plain Python. What is exported and
     what a repro shows is always the plain rendering."""
-    lines = [PRELUDE + (JITTER_PRELUDE if jitter else ""), "", "class Program(nn.Module):",
+    from etprop.program.quantize import QUANTIZE_SOURCE
+
+    prelude = PRELUDE + (QUANTIZE_SOURCE if spec.get("quantization") and not jitter else "")
+    lines = [prelude + (JITTER_PRELUDE if jitter else ""), "", "class Program(nn.Module):",
              "    def __init__(self):", "        super().__init__()"]
     program_dtype = spec.get("dtype", "float32")
     for name, entry in spec["state"].items():
@@ -703,6 +726,33 @@ class BuiltProgram:
                 self.module.load_state_dict(self._initial)
 
 
+@dataclass
+class QuantizedProgram(BuiltProgram):
+    """A quantized spec's program: ``module`` is the float program, ``converted``
+    each method after PT2E quantization (etprop/program/quantize.py). What is
+    exported and lowered, and the eager reference, is the converted program."""
+
+    converted: dict = field(default_factory=dict, repr=False)
+
+    def method_module(self, method: str) -> torch.nn.Module:
+        return _MethodView(self.converted[method], "forward")
+
+    def eager(self, method: str, inputs: tuple, restore: bool = True) -> list[torch.Tensor]:
+        with torch.no_grad():
+            return [t.clone() for t in self.converted[method](*inputs)]
+
+    def reference(self, method: str, inputs: tuple, restore: bool = True, ulps: Optional[dict] = None) -> Reference:
+        """The converted program's outputs, bounded by its perturbed runs
+        (quantize.perturbed_runs; budgets from ``ulps``, oracles/tolerance.py):
+        a quantized lowering is judged against its Q/DQ program."""
+        from etprop.program.quantize import perturbed_runs
+
+        expected = self.eager(method, inputs)
+        dynamic = self.spec["quantization"]["scheme"].startswith("dynamic")
+        runs = perturbed_runs(self.converted[method], inputs, dynamic, ulps)
+        return Reference(expected, [t.clone() for t in expected], runs)
+
+
 class _MethodView(torch.nn.Module):
     def __init__(self, program: torch.nn.Module, method: str):
         super().__init__()
@@ -779,4 +829,9 @@ def build(spec: dict, validate: bool = True) -> BuiltProgram:
         sys.modules.pop(_REGISTERED.popleft(), None)
     exec(compile(source, filename, "exec"), namespace)
     module = namespace["Program"]().eval()
-    return BuiltProgram(spec=spec, source=source, module=module, namespace=namespace)
+    built = BuiltProgram(spec=spec, source=source, module=module, namespace=namespace)
+    if spec.get("quantization"):
+        from etprop.program.quantize import quantized
+
+        return quantized(built)
+    return built

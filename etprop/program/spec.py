@@ -34,8 +34,13 @@ from etprop.errors import UsageError
 from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS
 
 FORMAT = "etprop-spec/1"
-# The published JSON Schema (etprop/program/schemas, shipped with the package).
-SCHEMA = "etprop-spec-1.schema.json"
+# etprop-spec/1 plus ``quantization`` (etprop/program/quantize.py). A float
+# program is still written as etprop-spec/1, which etprop versions without
+# quantization read.
+QUANTIZED_FORMAT = "etprop-spec/2"
+# The published JSON Schemas (etprop/program/schemas, shipped with the package).
+SCHEMAS = {FORMAT: "etprop-spec-1.schema.json", QUANTIZED_FORMAT: "etprop-spec-2.schema.json"}
+SCHEMA = SCHEMAS[FORMAT]
 
 
 class SpecError(UsageError):
@@ -159,6 +164,22 @@ def check_schema(document: Any, schema: str) -> None:
         raise SpecError(f"{where}: {message} (schema {schema})")
 
 
+def _check_quantization(spec: dict) -> None:
+    """What the spec-2 schema cannot say about ``quantization``: its layers
+    exist, and the program holds no state a call mutates (a quantized program is
+    a converted graph, judged call by call)."""
+    config = spec.get("quantization")
+    if config is None:
+        return
+    for name in config.get("modules") or ():
+        entry = spec["state"].get(name)
+        _require(entry is not None and entry["kind"] == "layer",
+                 f"quantization: modules names '{name}', which is not a layer of the program's state")
+    _require(not any(entry["kind"] == "buffer" and entry.get("mutable") for entry in spec["state"].values()),
+             "quantization: a program with mutable buffers cannot be quantized; drop 'quantization' or the "
+             "buffer_update nodes")
+
+
 def validate(spec: Any, limits: dict | None = None) -> None:
     """Raise SpecError (or LimitExceeded) naming the first problem: the
     published schema, then what a schema cannot say (names defined before
@@ -166,11 +187,12 @@ def validate(spec: Any, limits: dict | None = None) -> None:
     from etprop.program import limits as size_limits
 
     _require(isinstance(spec, dict), "a spec must be a JSON object")
-    _require(spec.get("format") == FORMAT,
-             f"spec format is {spec.get('format')!r}, this etprop reads {FORMAT!r}; "
+    _require(spec.get("format") in SCHEMAS,
+             f"spec format is {spec.get('format')!r}, this etprop reads {' and '.join(map(repr, SCHEMAS))}; "
              "re-create the repro with this etprop version")
-    check_schema(spec, SCHEMA)
+    check_schema(spec, SCHEMAS[spec["format"]])
     state = spec["state"]
+    _check_quantization(spec)
     for name, entry in state.items():
         _check_name("state", name)
     for mname, body in spec["methods"].items():

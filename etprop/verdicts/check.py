@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from etprop.program import builder
+from etprop.program.quantize import QuantizationFailed
 from etprop.lowering import pipeline
 from etprop.verdicts import repro
 from etprop.lowering import stages
@@ -115,6 +116,7 @@ class Artifacts:
                 "nodes": specmod.count_ops(result.spec), "seconds": round(result.seconds, 3),
                 "executorch_seconds": round(result.executorch_seconds, 3),
                 "repro": str(result.repro) if result.repro else None,
+                "quantization": (result.spec.get("quantization") or {}).get("scheme"),
                 "flows": [{"flow": r.flow, "outcome": r.outcome.value, "known": r.known,
                            "message": r.message[:2000]} for r in result.results]}
         with open(self.results_file, "a") as handle:
@@ -156,7 +158,16 @@ def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
     started = time.perf_counter()
     flow_names = [f.name for f in flows]
     artifacts.pending(spec, flow_names, prop)
-    built = builder.build(spec, validate=False)
+    try:
+        built = builder.build(spec, validate=False)
+    except QuantizationFailed as exc:
+        if exc.stage == "export":
+            raise pipeline.ExportFailed(str(exc)) from exc
+        # No flow can lower a program PT2E did not produce: each gets the quantization layer's failure.
+        results = [FlowResult(name, Outcome.QUANTIZATION_ERROR,
+                              [Verdict.failed("quantization", str(exc), Outcome.QUANTIZATION_ERROR)])
+                   for name in flow_names]
+        return ExampleResult(prop, spec, results, seconds=time.perf_counter() - started)
     with stages.timed("torch"):
         exported = pipeline.export_program(built)
     lowerings = {}

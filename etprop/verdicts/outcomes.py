@@ -10,6 +10,7 @@ class Outcome(str, Enum):
     NOT_RUN = "not run"                        # no verdict: another flow's crash ended the example
     EXPORT_ERROR = "export error"              # a generator defect (torch.export rejected a drawn program)
     INTERNAL_ERROR = "etprop internal error"   # etprop itself failed: no verdict on the lowering
+    QUANTIZATION_ERROR = "quantization error"  # PT2E (prepare/calibrate/convert) failed on an exported program
     LOWERING_ERROR = "lowering error"
     SERIALIZATION_ERROR = "serialization error"
     LOAD_ERROR = "load error"

@@ -124,6 +124,7 @@ from types import SimpleNamespace
 RUNTIME = {runtime!r}
 DYNAMIC = {dynamic!r}
 MUTABLE = {mutable!r}
+QUANTIZATION = {quantization!r}
 CASES = (
 {cases}
 )
@@ -154,13 +155,32 @@ def main():
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes.init_mutable_pass import InitializedMutableBufferPass
 
-    cases = torch.load(io.BytesIO(base64.b64decode("".join(CASES))), weights_only=True)
+    cases = torch.load(io.BytesIO(base64.b64decode("".join(CASES))), weights_only=True) if CASES else []
     first = {{}}
     for name, kind, inputs, expected, wide, jittered in cases:
         first.setdefault(name, tuple(inputs))
+    for name, inputs in INPUTS.items():  # no cases embedded: etprop could not quantize the program
+        first.setdefault(name, tuple(make_input(tuple(inp["shape"]), inp.get("dtype", "float32"), "normal", index)
+                                     for index, inp in enumerate(inputs)))
     program = Program().eval()
+
+    def method_module(name):
+        if QUANTIZATION is None:
+            return _Method(program, name)
+        # The quantized (Q/DQ) program, by the steps etprop took (quantize_pt2e above).
+        calibration = calibration_inputs(INPUTS[name], QUANTIZATION.get("calibration", 1))
+        return _Method(quantize_pt2e(_Method(program, name), first[name], calibration, QUANTIZATION["scheme"],
+                                     QUANTIZATION.get("modules"), _dynamic_shapes(name)), "forward")
+
+    if QUANTIZATION is not None:
+        try:
+            modules = {{name: method_module(name) for name in first}}
+        except Exception as exc:
+            traceback.print_exc()
+            _verdict("quantization error", f"{{type(exc).__name__}}: {{exc}}")
+        method_module = modules.__getitem__
     try:
-        exported = {{name: torch.export.export(_Method(program, name), first[name],
+        exported = {{name: torch.export.export(method_module(name), first[name],
                                               dynamic_shapes=_dynamic_shapes(name), strict=False)
                     for name in first}}
     except Exception as exc:
@@ -247,7 +267,12 @@ def _embedded_cases(spec: dict, runtime: str) -> str:
     from etprop.oracles import equivalence, tolerance
     from etprop.program import builder
 
-    built = builder.build(spec)
+    from etprop.program.quantize import QuantizationFailed
+
+    try:
+        built = builder.build(spec)
+    except QuantizationFailed:
+        return ""  # the script stops where etprop did, at the quantization
     sequence = built.stateful and runtime == "executorch"
     ulps = tolerance.op_ulps(runtime, spec.get("dtype", "float32"))
     cases = []
@@ -271,7 +296,8 @@ def standalone_script(spec: dict, flow_name: str) -> str:
     dynamic = {name: [inp.get("dynamic", []) for inp in body["inputs"]]
                for name, body in spec["methods"].items() if any(inp.get("dynamic") for inp in body["inputs"])}
     return _STANDALONE_DOC.format(flow=flow_name) + render_source(spec) + _SCRIPT_TAIL.format(
-        flow=flow_name, recipe=recipe, mutable=mutable, policy=_policy_source(), runtime=flow.runtime,
+        flow=flow_name, recipe=recipe, mutable=mutable, quantization=spec.get("quantization"),
+        policy=_policy_source(), runtime=flow.runtime,
         dynamic=dynamic, cases=_embedded_cases(spec, flow.runtime))
 
 

@@ -1,0 +1,239 @@
+"""Quantized programs: a spec's ``quantization`` entry as PT2E steps, and the
+eager reference the equivalence oracle compares a quantized lowering with.
+
+A quantized spec (format etprop-spec/2) is the float program plus::
+
+    "quantization": {"scheme": "static_per_tensor", "modules": null, "calibration": 2}
+
+``scheme``: static int8 activations with per-tensor or per-channel int8
+weights, or dynamic int8 activations (quantization parameters computed at run
+time) with per-tensor or per-channel int8 weights: the configurations
+executorch's ``XNNPACKQuantizer`` offers (weights symmetric, activations
+affine). ``modules``: the layers annotated (state names), or null for the whole
+program. ``calibration``: how many batches of normal inputs the observers see.
+
+The steps (export, ``prepare_pt2e``, calibrate, ``convert_pt2e``) are Python
+source, ``QUANTIZE_SOURCE``, run by etprop and written verbatim into standalone
+repro scripts, so both quantize the same way. The converted (Q/DQ) program is
+the reference: a lowering is judged against it, never against the float program.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Optional
+
+import torch
+
+SCHEMES = ("static_per_tensor", "static_per_channel", "dynamic_per_tensor", "dynamic_per_channel")
+
+QUANTIZE_SOURCE = '''
+
+def _quantizer(scheme, modules):
+    """executorch's XNNPACKQuantizer for ``scheme``, over the whole program or
+    the named layers only."""
+    from executorch.backends.xnnpack.quantizer.xnnpack_quantizer import (
+        XNNPACKQuantizer, get_symmetric_quantization_config)
+
+    config = get_symmetric_quantization_config(is_per_channel=scheme.endswith("per_channel"),
+                                               is_dynamic=scheme.startswith("dynamic"))
+    quantizer = XNNPACKQuantizer()
+    if modules is None:
+        return quantizer.set_global(config)
+    for name in modules:
+        quantizer.set_module_name("program." + name, config)
+    return quantizer
+
+
+def calibration_inputs(inputs, count):
+    """``count`` batches of normal inputs, seeded apart from the test inputs."""
+    return [tuple(make_input(tuple(inp["shape"]), inp.get("dtype", "float32"), "normal", (101 + batch) * 7919 + index)
+                  for index, inp in enumerate(inputs)) for batch in range(count)]
+
+
+def pt2e_steps(graph, calibration, scheme, modules):
+    """prepare_pt2e, calibrate, convert_pt2e on an exported graph: the quantized
+    (Q/DQ) program, a GraphModule taking the method's inputs."""
+    import executorch.kernels.quantized  # noqa: F401  (out variants of the Q/DQ ops left outside delegates)
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+
+    prepared = prepare_pt2e(graph, _quantizer(scheme, modules))
+    with torch.no_grad():
+        for inputs in calibration:
+            prepared(*inputs)
+    return convert_pt2e(prepared)
+
+
+def quantize_pt2e(method_module, example, calibration, scheme, modules, dynamic_shapes=None):
+    """export, then the PT2E steps."""
+    graph = torch.export.export(method_module, example, dynamic_shapes=dynamic_shapes, strict=False).module()
+    return pt2e_steps(graph, calibration, scheme, modules)
+'''
+
+
+
+@functools.lru_cache(maxsize=None)
+def _q_ops() -> tuple[frozenset, frozenset, frozenset]:
+    """(activation quantizations, the dynamic ones, dequantizations): weights
+    were folded to int8 constants by convert_pt2e. The ops exist once torchao's
+    PT2E module is imported."""
+    import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers quantized_decomposed)
+    # Their out variants, which to_executorch needs for Q/DQ ops left outside a delegate.
+    import executorch.kernels.quantized  # noqa: F401
+
+    qd = torch.ops.quantized_decomposed
+    dynamic = frozenset({qd.quantize_per_tensor.tensor, qd.quantize_per_tensor.tensor2})
+    return (frozenset({qd.quantize_per_tensor.default}) | dynamic, dynamic,
+            frozenset({qd.dequantize_per_tensor.default, qd.dequantize_per_tensor.tensor,
+                       qd.dequantize_per_tensor.tensor2, qd.dequantize_per_channel.default}))
+
+
+# Ops whose result is exact given their operands: only their inputs' perturbation moves them.
+_EXACT = {"relu", "view", "reshape", "permute", "transpose", "t", "clone", "flatten", "unsqueeze", "squeeze",
+          "slice", "select", "cat", "getitem", "max_pool2d", "max_pool1d", "amax", "amin", "clamp", "hardtanh",
+          "neg", "abs", "maximum", "minimum", "floor", "ceil", "round", "expand", "contiguous", "_to_copy"}
+
+
+def is_quantized(spec: dict) -> bool:
+    return spec.get("quantization") is not None
+
+
+def output_steps(converted: torch.fx.GraphModule) -> list[Optional[float]]:
+    """Per output of a converted program, the quantization step of the tensor
+    it is dequantized from (None for float outputs)."""
+    output = next(node for node in converted.graph.nodes if node.op == "output")
+    steps = []
+    for arg in torch.fx.node.map_arg(output.args[0], lambda n: n) if isinstance(output.args[0], (list, tuple)) \
+            else [output.args[0]]:
+        source = arg if isinstance(arg, torch.fx.Node) else None
+        step = None
+        if source is not None and source.target == torch.ops.quantized_decomposed.dequantize_per_tensor.default:
+            step = float(source.args[1])
+        steps.append(step)
+    return steps
+
+
+class _Perturbed(torch.fx.Interpreter):
+    """The converted program run with the differences a correct quantized
+    lowering may have from it (the bound is docs/tolerance.md's, with
+    oracles/tolerance.py's constants):
+
+    - each activation's value entering a static quantization moves by u *
+      ``tie_steps`` of its step, so elements that close to a rounding boundary
+      round the other way (a backend's integer requantization, its int32 bias
+      and its float32 scale products move values by about 0.02 steps); one
+      entering a dynamic quantization moves by u * ``dynamic_steps`` (a backend
+      computes its own quantization parameters, so any element may round the
+      other way);
+    - each float op's result moves by u * ``float_ulps`` ulps (the float ops
+      around and between quantized patterns);
+    - ``mode`` "float" (dynamic schemes only): dynamically quantized
+      activations are not rounded at all, the limit of a backend that picks
+      finer quantization parameters than the reference (XNNPACK quantizes
+      each row with its own).
+
+    u is +1 ("up"), -1 ("down") or drawn from {-1, 0, 1} per element ("random")."""
+
+    def __init__(self, module, mode: str, seed: int, budgets: dict):
+        super().__init__(module)
+        self.mode = mode
+        self.generator = torch.Generator().manual_seed(seed)
+        self.tie_steps = budgets["tie_steps"]
+        self.dynamic_steps = budgets["dynamic_steps"]
+        self.float_ulps = budgets["quantized_float_ops"]
+        self.unrounded: dict[int, torch.Tensor] = {}
+
+    def _signs(self, shape) -> torch.Tensor:
+        if self.mode == "random":
+            return torch.randint(-1, 2, tuple(shape), generator=self.generator).float()
+        if self.mode == "float":
+            return torch.zeros(tuple(shape))
+        return torch.full(tuple(shape), 1.0 if self.mode == "up" else -1.0)
+
+    def call_function(self, target, args, kwargs):
+        quantize, dynamic, dequantize = _q_ops()
+        if target in quantize:
+            value, scale = args[0], args[1]
+            if self.mode == "float" and target in dynamic:
+                result = target(*args, **kwargs)
+                self.unrounded[id(result)] = value
+                return result
+            steps = self.dynamic_steps if target in dynamic else self.tie_steps
+            moved = value + self._signs(value.shape) * steps * torch.as_tensor(scale, dtype=value.dtype)
+            return target(moved, *args[1:], **kwargs)
+        if target in dequantize:
+            found = self.unrounded.get(id(args[0]))
+            return found if found is not None else target(*args, **kwargs)
+        result = target(*args, **kwargs)
+        name = getattr(target, "__name__", str(target)).split(".")[0]
+        if isinstance(result, torch.Tensor) and result.is_floating_point() and name not in _EXACT:
+            eps = torch.finfo(result.dtype).eps
+            result = (result.double() + self._signs(result.shape).double() * self.float_ulps * eps
+                      * result.double().abs()).to(result.dtype)
+        return result
+
+
+def perturbed_runs(converted, inputs: tuple, dynamic: bool, budgets: dict) -> list:
+    """The converted program's outputs under each perturbation: up, down,
+    ``budgets["random_runs"]`` random patterns, and for dynamic schemes the
+    unrounded activations (the equivalence oracle's jittered runs; the first
+    two are its directional ones). ``budgets``: oracles/tolerance.op_ulps."""
+    modes = [("up", 0), ("down", 0)] + [("random", seed) for seed in range(1, int(budgets["random_runs"]) + 1)]
+    modes += [("float", 0)] if dynamic else []
+    runs = []
+    with torch.no_grad():
+        for mode, seed in modes:
+            outputs = _Perturbed(converted, mode, seed, budgets).run(*inputs)
+            runs.append([t.clone() for t in (outputs if isinstance(outputs, (list, tuple)) else [outputs])])
+    return runs
+
+
+def _innermost(exc: BaseException) -> str:
+    """Where the innermost cause was raised (file:line in function): PT2E
+    wraps its passes' errors, so the outer message alone names no cause."""
+    import traceback
+
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    frames = traceback.extract_tb(exc.__traceback__)
+    where = f" at {frames[-1].filename.rsplit('site-packages/', 1)[-1]}:{frames[-1].lineno} in {frames[-1].name}" \
+        if frames else ""
+    return f"cause: {type(exc).__name__}: {exc}{where}"
+
+
+class QuantizationFailed(Exception):
+    """Quantizing a program failed. ``stage`` "export": torch.export rejected
+    the float program (a generator defect, as for any program); "pt2e": PT2E
+    failed on a program torch.export accepted, a failure of the quantization
+    layer (torchao and the quantizer), judged like a lowering's."""
+
+    def __init__(self, stage: str, message: str):
+        super().__init__(message)
+        self.stage = stage
+
+
+def quantized(built):
+    """``built`` (the float program of a quantized spec) as a QuantizedProgram:
+    each method quantized on its own, with the spec's calibration batches."""
+    from etprop.program.builder import QuantizedProgram
+
+    _q_ops()
+    config = built.spec["quantization"]
+    namespace = built.namespace
+    converted = {}
+    for method in built.methods:
+        calibration = namespace["calibration_inputs"](built.spec["methods"][method]["inputs"],
+                                                      config.get("calibration", 1))
+        module, example, shapes = built.method_module(method), built.inputs(method), built.dynamic_shapes(method)
+        try:
+            graph = torch.export.export(module, example, dynamic_shapes=shapes, strict=False).module()
+        except Exception as exc:
+            raise QuantizationFailed("export", f"torch.export rejected method '{method}': "
+                                               f"{type(exc).__name__}: {exc}") from exc
+        try:
+            converted[method] = namespace["pt2e_steps"](graph, calibration, config["scheme"], config.get("modules"))
+        except Exception as exc:
+            raise QuantizationFailed("pt2e", f"PT2E quantization ({config['scheme']}) of method '{method}' failed: "
+                                             f"{type(exc).__name__}: {exc}\n{_innermost(exc)}") from exc
+    return QuantizedProgram(spec=built.spec, source=built.source, module=built.module, namespace=namespace,
+                            converted=converted)
