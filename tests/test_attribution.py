@@ -271,6 +271,35 @@ def test_two_pass_group_norm_is_group_norm(kwargs, shape):
                                linear.module.n(linear.inputs("forward")[0]), rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("op, weight, shape, attrs", [
+    ("conv_transpose2d", [10, 2, 3, 1], (1, 10, 2, 3), {"stride": [1, 3], "dilation": [2, 1], "output_padding": [1, 1]}),
+    ("conv_transpose2d", [4, 3, 2, 2], (2, 4, 3, 3), {"stride": 2, "output_padding": 1, "padding": 1}),
+    ("conv_transpose1d", [4, 2, 3], (2, 4, 5), {"stride": 1, "dilation": 3, "output_padding": 2}),
+    ("conv_transpose2d", [4, 2, 3, 3], (1, 4, 4, 4), {"stride": 3, "padding": [2, 1], "output_padding": [2, 1]}),
+])
+def test_output_padding_as_appended_zeros_is_the_transposed_convolution(op, weight, shape, attrs):
+    """XNN-013's equivalent form gives exactly the transposed convolution, bias
+    included; nodes without output_padding are left alone."""
+    import torch
+
+    from etprop.program import builder
+
+    rule = {"rewrite": "set_attrs", "ops": ["conv_transpose1d", "conv_transpose2d"], "having": ["output_padding"],
+            "attrs": {"pad_output": True}}
+    state = {"w": _weight(weight, 1), "b": _weight([weight[1]], 2)}
+    spec = _program([{"id": "v0", "op": op, "args": ["x"], "state": "w", "attrs": {**attrs, "bias_state": "b"}},
+                     {"id": "v1", "op": op, "args": ["x"], "state": "w", "attrs": {"bias_state": "b"}}],
+                    state, shape=shape, outputs=["v0", "v1"])
+    rewritten, changed = neutralize(spec, [rule])
+    assert changed == 1
+    original, twin = builder.build(spec), builder.build(rewritten)
+    assert twin.source.count("_output_padded(") == 1 + original.source.count("_output_padded(")
+    for kind in ("normal", "large"):
+        inputs = original.inputs("forward", kind)
+        for got, want in zip(twin.eager("forward", inputs), original.eager("forward", inputs)):
+            torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6 * float(want.abs().max()))
+
+
 def test_a_neutralized_spec_that_does_not_export_leaves_the_failure_new(session, monkeypatch):
     """No evidence, no attribution: when the neutralized program cannot even
     be exported, the failure stays new, and no export error (a generator

@@ -10,7 +10,8 @@ by an equivalent form. It never deletes an unrelated node, state entry or output
 Rewrites (``{"rewrite": NAME, ...}``):
 
 - ``set_attrs``: ``ops``, ``attrs``; nodes of those ops get those attribute values
-  (``where`` optional: only nodes whose attributes have these values).
+  (``where`` optional: only nodes whose attributes have these values;
+  ``having`` optional: only nodes where these attributes are set and not zero).
 - ``drop_attrs``: ``ops``, ``attrs``; those attributes removed (back to the op's default).
 - ``set_layer_kwargs``: ``types``, ``kwargs``; layers of those types get those kwargs.
 - ``drop_parametrization``: ``type``, ``rank`` and ``where`` (optional); that
@@ -41,11 +42,15 @@ def _has(attrs: dict, wanted: dict) -> bool:
     return all(attrs.get(name) == value for name, value in wanted.items())
 
 
+def _nonzero(value) -> bool:
+    return any(_nonzero(v) for v in value) if isinstance(value, (list, tuple)) else bool(value)
+
+
 def _set_attrs(spec: dict, rule: dict) -> int:
     changed = 0
     for node in _nodes_of(spec, rule["ops"]):
         attrs = node.setdefault("attrs", {})
-        if not _has(attrs, rule.get("where", {})):
+        if not _has(attrs, rule.get("where", {})) or not all(_nonzero(attrs.get(name)) for name in rule.get("having", ())):
             continue
         if any(attrs.get(name) != value for name, value in rule["attrs"].items()):
             attrs.update(rule["attrs"])

@@ -81,6 +81,13 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
 
     def render(args, attrs, state):
         bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
+        if transposed and attrs.get("pad_output") and attrs.get("output_padding"):
+            # ``pad_output``: the full transposed convolution, cropped by
+            # padding and extended by output_padding with zeros, then the bias
+            # (the same values; a neutralization).
+            inner = {name: value for name, value in attrs.items() if name not in ("output_padding", "padding")}
+            return (f"_output_padded({fn}({args[0]}, {_weight_ref(state)}, None{_kw(inner, *names)}), "
+                    f"{attrs.get('padding', 0)!r}, {attrs['output_padding']!r}, {bias})")
         return f"{fn}({args[0]}, {_weight_ref(state)}, {bias}{_kw(attrs, *names)})"
     return render
 
