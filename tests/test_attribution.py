@@ -182,6 +182,14 @@ def test_a_neutralization_changes_only_what_its_finding_names(finding):
             differing = {k for k in before_entry.keys() | after_entry.keys()
                          if before_entry.get(k) != after_entry.get(k)}
             assert differing <= {"parametrizations", "kwargs", "mutable"}, (finding.id, name, differing)
+        top = {key for key in spec.keys() | after.keys()
+               if key not in ("state", "methods") and spec.get(key) != after.get(key)}
+        folds = any(rule["rewrite"] == "quantize_folded_weights" for rule in finding.neutralize)
+        assert top <= ({"quantization"} if folds else set()), (finding.id, top)
+        if top:
+            before_q, after_q = spec["quantization"], after["quantization"]
+            assert {k for k in before_q.keys() | after_q.keys() if before_q.get(k) != after_q.get(k)} == \
+                {"fold_computed_weights"}, finding.id
         if not changed:
             assert after == spec
 

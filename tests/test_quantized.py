@@ -225,3 +225,19 @@ def test_a_computed_then_quantized_weight_is_folded_by_convert_pt2e(parametrizat
     assert weight.args[0].op == "placeholder"  # the int8 constant itself, nothing computed
     verdict = _equivalence(built, flows.get("xnnpack+fold"))
     assert verdict.ok, verdict.message
+
+
+def test_folding_computed_weights_before_quantizing_keeps_the_float_program():
+    """XNN-014's neutralization: the same float values, and PT2E then sees a
+    plain weight (no quantized op computes it)."""
+    import torch
+
+    spec = _gemm_chain(parametrization={"type": "scale", "factor": -1.0})
+    spec["state"]["l0"]["parametrizations"].append({"type": "scale", "factor": -1.0})
+    folded_spec = {**spec, "quantization": {**spec["quantization"], "fold_computed_weights": True}}
+    plain, folded = builder.build(spec), builder.build(folded_spec)
+    program = folded.namespace["fold_computed_weights"](folded.namespace["Program"]().eval())
+    inputs = plain.inputs("forward")
+    torch.testing.assert_close(program.forward(*inputs)[0], plain.module.forward(*inputs)[0], rtol=0, atol=0)
+    ops = lambda built: [_op(n) for n in built.converted["forward"].graph.nodes]
+    assert any("mul" in op for op in ops(plain)) and not any("mul" in op for op in ops(folded))

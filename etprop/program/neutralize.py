@@ -23,6 +23,9 @@ Rewrites (``{"rewrite": NAME, ...}``):
   equivalent straight-line form (both branches and ``where``; an unrolled loop).
 - ``buffer_update_out_of_place``: every ``buffer_update`` computes the updated
   value without writing it back, and its buffer stops being mutable.
+- ``quantize_folded_weights``: a quantized program's computed weights are
+  stored as their values before quantizing (``fold_computed_weights``): the
+  same float program, whose weights PT2E no longer quantizes op by op.
 """
 
 from __future__ import annotations
@@ -122,7 +125,17 @@ def _buffer_update_out_of_place(spec: dict, rule: dict) -> int:
     return len(nodes)
 
 
+def _quantize_folded_weights(spec: dict, rule: dict) -> int:
+    quantization = spec.get("quantization")
+    if not quantization or quantization.get("fold_computed_weights") or not any(
+            entry.get("parametrizations") for entry in spec["state"].values()):
+        return 0
+    quantization["fold_computed_weights"] = True
+    return 1
+
+
 REWRITES: dict[str, Callable[[dict, dict], int]] = {
+    "quantize_folded_weights": _quantize_folded_weights,
     "set_attrs": _set_attrs,
     "drop_attrs": _drop_attrs,
     "set_layer_kwargs": _set_layer_kwargs,

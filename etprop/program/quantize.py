@@ -11,6 +11,8 @@ time) with per-tensor or per-channel int8 weights: the configurations
 executorch's ``XNNPACKQuantizer`` offers (weights symmetric, activations
 affine). ``modules``: the layers annotated (state names), or null for the whole
 program. ``calibration``: how many batches of normal inputs the observers see.
+``fold_computed_weights`` (set by a neutralization, never drawn): weights
+computed by parametrizations are stored as their values before quantizing.
 
 The steps (export, ``prepare_pt2e``, calibrate, ``convert_pt2e``) are Python
 source, ``QUANTIZE_SOURCE``, run by etprop and written verbatim into standalone
@@ -43,6 +45,16 @@ def _quantizer(scheme, modules):
     for name in modules:
         quantizer.set_module_name("program." + name, config)
     return quantizer
+
+
+def fold_computed_weights(program):
+    """``program`` with its parametrized weights stored as the values they
+    compute (the same float program, nothing left to compute). In place, on
+    a fresh instance: a copy would share the classes parametrization injects."""
+    for module in program.modules():
+        for name in list(getattr(module, "parametrizations", {}) or {}):
+            parametrize.remove_parametrizations(module, name, leave_parametrized=True)
+    return program
 
 
 def calibration_inputs(inputs, count):
@@ -225,6 +237,8 @@ def quantized(built):
         calibration = namespace["calibration_inputs"](built.spec["methods"][method]["inputs"],
                                                       config.get("calibration", 1))
         module, example, shapes = built.method_module(method), built.inputs(method), built.dynamic_shapes(method)
+        if config.get("fold_computed_weights"):
+            module = type(module)(namespace["fold_computed_weights"](namespace["Program"]().eval()), method)
         try:
             graph = torch.export.export(module, example, dynamic_shapes=shapes, strict=False).module()
         except Exception as exc:

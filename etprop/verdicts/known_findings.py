@@ -44,6 +44,8 @@ class Finding:
     # Or: the program computes a tensor of this rank with this parametrization.
     parametrization: str = ""
     param_rank: int = 0
+    # The program is quantized and computes a weight from parameters.
+    quantized_computed_weight: bool = False
     # "confirmed" (a shrunk, understood defect) or "lead" (never matches).
     status: str = "confirmed"
     # Rewrites that remove the cause (etprop.program.neutralize).
@@ -54,6 +56,9 @@ class Finding:
         proven by neutralizing the cause. Leads nominate nothing."""
         if (self.status != "confirmed" or flow not in self.flows or outcome != self.outcome
                 or not re.search(self.pattern, message, re.S)):
+            return False
+        if self.quantized_computed_weight and not (spec is not None and spec.get("quantization") and any(
+                entry.get("parametrizations") for entry in spec["state"].values())):
             return False
         if self.parametrization:
             return spec is not None and any(

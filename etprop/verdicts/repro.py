@@ -169,7 +169,8 @@ def main():
             return _Method(program, name)
         # The quantized (Q/DQ) program, by the steps etprop took (quantize_pt2e above).
         calibration = calibration_inputs(INPUTS[name], QUANTIZATION.get("calibration", 1))
-        return _Method(quantize_pt2e(_Method(program, name), first[name], calibration, QUANTIZATION["scheme"],
+        source = fold_computed_weights(Program().eval()) if QUANTIZATION.get("fold_computed_weights") else program
+        return _Method(quantize_pt2e(_Method(source, name), first[name], calibration, QUANTIZATION["scheme"],
                                      QUANTIZATION.get("modules"), _dynamic_shapes(name)), "forward")
 
     if QUANTIZATION is not None:
