@@ -92,3 +92,37 @@ def test_shrink_refuses_a_repro_that_passes(tmp_path, make_linear_relu_spec):
     path = repro.write(tmp_path / "ok.json", make_linear_relu_spec(), ["portable"], "mixed", "mismatch")
     result = _etprop("shrink", str(path))
     assert result.returncode == 2 and "nothing to shrink" in result.stderr
+
+
+def _quantized_spec() -> dict:
+    """Two quantized layers and a tanh; the 'defect' is chosen per test."""
+    layer = lambda seed, n: {"kind": "layer", "type": "Linear", "seed": seed,
+                             "kwargs": {"in_features": 8, "out_features": n, "bias": True}}
+    return {"format": specmod.QUANTIZED_FORMAT,
+            "quantization": {"scheme": "static_per_channel", "modules": None, "calibration": 3},
+            "state": {"l0": layer(1, 8), "l1": layer(2, 4)},
+            "methods": {"forward": {
+                "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
+                "nodes": [{"id": "a", "op": "layer", "args": ["x"], "state": "l0"},
+                          {"id": "b", "op": "tanh", "args": ["a"]},
+                          {"id": "c", "op": "layer", "args": ["b"], "state": "l1"}],
+                "outputs": ["c"]}}}
+
+
+def test_shrinking_drops_a_quantization_the_failure_does_not_need():
+    shrunk = shrink.shrink_to(_quantized_spec(), lambda s: any(n["op"] == "tanh" for _, n in specmod.all_nodes(s)),
+                              log=lambda _: None)
+    assert "quantization" not in shrunk.spec and shrunk.spec["format"] == FORMAT
+    specmod.validate(shrunk.spec)
+
+
+def test_shrinking_narrows_quantization_to_the_layer_that_matters():
+    """Both layers stay (the 'defect' needs the program), only l1 needs quantizing."""
+    def still_fails(spec):
+        quantization = spec.get("quantization")
+        return (bool(quantization) and "l1" in (quantization.get("modules") or spec["state"])
+                and set(spec["state"]) == {"l0", "l1"})
+
+    shrunk = shrink.shrink_to(_quantized_spec(), still_fails, log=lambda _: None)
+    assert shrunk.spec["quantization"] == {"scheme": "static_per_channel", "modules": ["l1"], "calibration": 1}
+    specmod.validate(shrunk.spec)
