@@ -126,3 +126,17 @@ def test_shrinking_narrows_quantization_to_the_layer_that_matters():
     shrunk = shrink.shrink_to(_quantized_spec(), still_fails, log=lambda _: None)
     assert shrunk.spec["quantization"] == {"scheme": "static_per_channel", "modules": ["l1"], "calibration": 1}
     specmod.validate(shrunk.spec)
+
+
+def test_a_program_pt2e_cannot_quantize_is_still_a_valid_candidate(monkeypatch):
+    """Shrinking a quantization error must not discard every candidate as invalid."""
+    from etprop.program import quantize
+
+    def fail(built):
+        raise quantize.QuantizationFailed("pt2e", "PT2E quantization failed")
+
+    monkeypatch.setattr(quantize, "quantized", fail)
+    assert shrink._is_valid(_quantized_spec())
+    monkeypatch.setattr(quantize, "quantized",
+                        lambda built: (_ for _ in ()).throw(quantize.QuantizationFailed("export", "rejected")))
+    assert not shrink._is_valid(_quantized_spec())

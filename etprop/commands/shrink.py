@@ -286,12 +286,16 @@ def reproduces(result, failure: Failure) -> bool:
 def _is_valid(spec: dict) -> bool:
     """Cheap pre-check in this process: the spec builds and runs eagerly."""
     from etprop.program import builder
+    from etprop.program.quantize import QuantizationFailed
 
     try:
         specmod.validate(spec)
         built = builder.build(spec, validate=False)
         for method in built.methods:
             built.eager(method, built.inputs(method))
+    except QuantizationFailed as exc:
+        # The program is valid; PT2E failing on it is a failure to shrink like any other.
+        return exc.stage == "pt2e"
     except Exception:
         return False
     return True
