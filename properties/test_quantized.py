@@ -1,13 +1,13 @@
-"""Quantized programs (PT2E with executorch's XNNPACKQuantizer), on every flow
-and every baseline/candidate pair: the lowering matches the converted Q/DQ
-program within its quantization bound, delegates its quantized GEMMs where the
-flow promises to, and keeps every structural promise."""
+"""Quantized programs (PT2E with executorch's XNNPACKQuantizer): single-method
+programs on every flow, multi-method programs on every baseline/candidate pair.
+The lowering matches the converted Q/DQ program within its quantization bound,
+delegates its quantized GEMMs where the flow promises to, and keeps every
+structural promise."""
 
 import pytest
 from hypothesis import given
 
-from etprop.oracles.sets import DIFFERENTIAL, DIFFERENTIAL_MULTI_METHOD, SINGLE_FLOW
-from etprop.strategies.control_flow import control_flow_programs
+from etprop.oracles.sets import DIFFERENTIAL_MULTI_METHOD, SINGLE_FLOW
 from etprop.strategies.programs import multi_method_programs, quantized, quantized_programs
 
 
@@ -15,18 +15,6 @@ from etprop.strategies.programs import multi_method_programs, quantized, quantiz
 @given(spec=quantized_programs())
 def test_quantized_programs(flow, spec, etprop):
     etprop.check(spec, [flow], "quantized", SINGLE_FLOW)
-
-
-@pytest.mark.etprop_family("quantized")
-@given(spec=quantized_programs())
-def test_differential_quantized(flow_pair, spec, etprop):
-    etprop.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
-
-
-@pytest.mark.etprop_family("quantized")
-@given(spec=quantized(control_flow_programs()))
-def test_differential_quantized_control_flow(flow_pair, spec, etprop):
-    etprop.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
 
 
 @pytest.mark.etprop_family("quantized")

@@ -242,3 +242,23 @@ def test_folding_computed_weights_before_quantizing_keeps_the_float_program():
     torch.testing.assert_close(program.forward(*inputs)[0], plain.module.forward(*inputs)[0], rtol=0, atol=0)
     ops = lambda built: [_op(n) for n in built.converted["forward"].graph.nodes]
     assert any("mul" in op for op in ops(plain)) and not any("mul" in op for op in ops(folded))
+
+
+def test_strategies_draw_valid_quantized_specs_of_every_family():
+    from hypothesis import HealthCheck, given, settings
+
+    from etprop.strategies.control_flow import control_flow_programs
+    from etprop.strategies.programs import multi_method_programs, quantized, quantized_programs
+
+    seen = set()
+
+    @settings(max_examples=15, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(spec=quantized_programs() | quantized(control_flow_programs()) | quantized(multi_method_programs()))
+    def check(spec):
+        specmod.validate(spec)
+        assert spec["format"] == QUANTIZED_FORMAT and spec.get("dtype", "float32") == "float32"
+        seen.add(spec["quantization"]["scheme"])
+
+    check()
+    assert len(seen) >= 2
