@@ -23,7 +23,6 @@ the reference: a lowering is judged against it, never against the float program.
 from __future__ import annotations
 
 import functools
-from typing import Optional
 
 import torch
 
@@ -104,25 +103,6 @@ def _q_ops() -> tuple[frozenset, frozenset, frozenset]:
 _EXACT = {"relu", "view", "reshape", "permute", "transpose", "t", "clone", "flatten", "unsqueeze", "squeeze",
           "slice", "select", "cat", "getitem", "max_pool2d", "max_pool1d", "amax", "amin", "clamp", "hardtanh",
           "neg", "abs", "maximum", "minimum", "floor", "ceil", "round", "expand", "contiguous", "_to_copy"}
-
-
-def is_quantized(spec: dict) -> bool:
-    return spec.get("quantization") is not None
-
-
-def output_steps(converted: torch.fx.GraphModule) -> list[Optional[float]]:
-    """Per output of a converted program, the quantization step of the tensor
-    it is dequantized from (None for float outputs)."""
-    output = next(node for node in converted.graph.nodes if node.op == "output")
-    steps = []
-    for arg in torch.fx.node.map_arg(output.args[0], lambda n: n) if isinstance(output.args[0], (list, tuple)) \
-            else [output.args[0]]:
-        source = arg if isinstance(arg, torch.fx.Node) else None
-        step = None
-        if source is not None and source.target == torch.ops.quantized_decomposed.dequantize_per_tensor.default:
-            step = float(source.args[1])
-        steps.append(step)
-    return steps
 
 
 class _Perturbed(torch.fx.Interpreter):
