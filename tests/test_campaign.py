@@ -104,6 +104,35 @@ def test_a_campaign_shrinks_places_and_reports_its_defect(tmp_path):
     assert "issue draft" in (artifacts / "reports" / "report.html").read_text()
 
 
+def test_a_campaign_ends_within_its_budget_when_an_example_never_finishes(tmp_path):
+    """The example under way at the deadline is stopped there, with its xdist
+    and lowering workers, and left pending; the report is still written."""
+    artifacts = tmp_path / "a"
+    began = time.time()
+    result = etprop("fuzz", "--flow-module", BROKEN, "--flows", "test-never-finishes", "--minutes", "0.75",
+                    "--properties", "mixed_programs", "--workers", "2", "--artifacts", str(artifacts), timeout=300)
+    elapsed = time.time() - began
+    assert elapsed < 45 + 15, f"the campaign took {elapsed:.0f} s of a 45 s budget\n" + result.stdout[-2000:]
+    assert "stopped at the end of the budget" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
+    assert list((artifacts / "pending").glob("*.json")), \
+        "the example under way was not left pending"
+    assert (artifacts / "reports" / "summary.md").exists()
+    time.sleep(1)
+    assert not _processes_with_env(f"ETPROP_ARTIFACTS={artifacts.resolve()}"), \
+        "processes of the stopped round are still running"
+
+
+def _processes_with_env(entry: str) -> list[int]:
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if entry.encode() in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            pass
+    return found
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

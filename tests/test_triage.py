@@ -209,3 +209,18 @@ def test_a_group_shrinking_to_another_defects_program_merges_into_it(tmp_path):
     assert set(place.defects()) == {first.key}
     groups = place.groups(records)
     assert list(groups) == [first.key] and len(groups[first.key].members) == 2 and not place.pending(groups)
+
+
+def test_a_claim_left_by_a_stopped_worker_is_taken_over(tmp_path):
+    """A campaign stops its triage workers at the end of its budget; their
+    groups must be claimable by the next one, not locked for hours."""
+    import subprocess
+    import sys
+
+    queue = triage.Triage(tmp_path)
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    assert queue.claim("group")
+    (queue.directory("group") / "claim").write_text(f"{gone.pid} {__import__('socket').gethostname()}\n")
+    assert queue.claim("group"), "a claim whose worker is gone still locks its group"
+    assert not queue.claim("group"), "a live worker's claim was taken over"

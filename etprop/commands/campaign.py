@@ -5,8 +5,9 @@ A campaign runs the property suite in rounds, each a pytest process with the
 rounds explore different programs, and the shared example database, so a
 failure found anywhere is replayed first everywhere. Rounds keep each pytest
 process short-lived: a native crash or a hang costs one round, not the
-campaign, and the budget is checked between rounds (and inside a round, where
-examples past the deadline are skipped). Results stream to
+campaign. The budget is checked between rounds and inside a round (examples
+past the deadline are skipped); what still runs at the deadline is stopped
+there, its example left pending on disk for ``etprop replay``. Results stream to
 ARTIFACTS/results/*.jsonl; the summary and reports are built from them.
 """
 
@@ -15,10 +16,12 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import os
+import signal
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,15 +31,34 @@ from etprop.commands.report import Summary, write_reports
 from etprop.verdicts.outcomes import Outcome
 
 EXAMPLES_PER_ROUND = 4
-# How long a round may run past the budget (an example under way finishes).
-ROUND_GRACE_SECONDS = 600
 # At most this share of the budget goes to shrinking and placing new failures.
 TRIAGE_SHARE = 1 / 3
 # Exploration stops starting examples, and triage shrink steps, this long
-# before their deadlines, so the work under way ends within the budget.
+# before their deadlines (or a tenth of a shorter budget), so the work under
+# way usually ends within the budget.
 EXAMPLE_MARGIN_SECONDS = 60
+# Whatever still runs this long before the end is stopped: the summary and
+# reports are written inside the budget.
+REPORT_SECONDS = 15
 # A progress line at least this often.
 PROGRESS_SECONDS = 60
+
+
+def run_until(command: list[str], until: float, env: dict | None = None) -> tuple[int | None, str]:
+    """Run ``command`` and stop it with all its children (xdist workers, lowering
+    workers) at ``until``: its exit code and output, or None if it was stopped."""
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=max(0.0, until - time.time()))
+        return process.returncode, output
+    except subprocess.TimeoutExpired:
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        output, _ = process.communicate()
+        return None, output
 
 
 def properties_dir() -> Path:
@@ -169,9 +191,10 @@ class Campaign:
         triage = Triage(self.artifacts)
         return len(triage.pending(triage.groups(summary.records)))
 
-    def _triage(self, until: float) -> None:
+    def _triage(self, until: float, stop: float) -> None:
         """Shrink and place queued failure groups until ``until``: ``workers``
-        processes, each taking the next unclaimed group until none is left."""
+        processes, each taking the next unclaimed group until none is left,
+        stopped at ``stop`` (the group under way stays queued)."""
         from etprop.commands.triage import Triage
 
         triage = Triage(self.artifacts)
@@ -182,14 +205,9 @@ class Campaign:
                    str(self.artifacts), "--until", str(until)]
         for module in self.flow_modules:
             command += ["--flow-module", module]
-        running = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-                   for _ in range(min(self.workers, queued))]
-        for process in running:
-            try:
-                output, _ = process.communicate(timeout=max(0.0, until - time.time()) + ROUND_GRACE_SECONDS)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                output, _ = process.communicate()
+        with ThreadPoolExecutor(min(self.workers, queued)) as pool:
+            outputs = list(pool.map(lambda _: run_until(command, stop)[1], range(min(self.workers, queued))))
+        for output in outputs:
             for line in output.splitlines():
                 if line.startswith("triage "):
                     print("  " + line)
@@ -199,6 +217,8 @@ class Campaign:
         self.artifacts.mkdir(parents=True, exist_ok=True)
         started = time.time()
         deadline = started + self.minutes * 60
+        stop = deadline - REPORT_SECONDS
+        margin = min(EXAMPLE_MARGIN_SECONDS, self.minutes * 6)
         triage_budget, triage_spent = self.minutes * 60 * TRIAGE_SHARE, 0.0
         print(f"etprop fuzz: flows {', '.join(self.flows)}; budget {self.minutes:g} min"
               + (f" or {self.examples} examples per property x flow" if self.examples else "")
@@ -211,26 +231,22 @@ class Campaign:
                 reserve = max(0.0, triage_budget - triage_spent) if self.shrink and self._queued(summary) else 0.0
                 explore_until = deadline - reserve
                 # Past this, a round would skip every example it draws.
-                if time.time() > explore_until - EXAMPLE_MARGIN_SECONDS - 10:
+                if time.time() > explore_until - margin - 10:
                     break
                 before, done = summary.total_examples(), summary.min_examples_per_cell()
                 if self.examples and done >= self.examples:
                     break
                 per_round = min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples else EXAMPLES_PER_ROUND
-                remaining = explore_until - time.time()
-                try:
-                    completed = subprocess.run(self._pytest_command(round_index, per_round),
-                                               env=self._env(explore_until - EXAMPLE_MARGIN_SECONDS),
-                                               timeout=remaining + ROUND_GRACE_SECONDS, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                               text=True)
+                returncode, output = run_until(self._pytest_command(round_index, per_round), stop,
+                                               env=self._env(explore_until - margin))
+                if returncode is None:
+                    status = "stopped at the end of the budget (the example under way is left pending)"
+                else:
                     status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
-                        completed.returncode, f"pytest exit {completed.returncode}")
-                    if completed.returncode not in (0, 1, 5):
+                        returncode, f"pytest exit {returncode}")
+                    if returncode not in (0, 1, 5):
                         internal_rounds += 1
-                        print(completed.stdout[-3000:])
-                except subprocess.TimeoutExpired:
-                    internal_rounds += 1
-                    status = "round timed out"
+                        print(output[-3000:])
                 summary = Summary.load(self.artifacts)
                 print(f"round {round_index}: {status}; " + progress_line(summary, time.time() - started,
                                                                           self.minutes * 60), flush=True)
@@ -238,14 +254,14 @@ class Campaign:
                 if status == "found failures" and summary.total_examples() == before:
                     # pytest failed without recording one example: the suite is broken, not a lowering.
                     internal_rounds += 1
-                    print(completed.stdout[-3000:])
+                    print(output[-3000:])
                     break
             # A shrink step or the run placing a defect may take a minute past
             # the time it starts: triage stops starting them that long before the end.
-            triage_until = deadline - EXAMPLE_MARGIN_SECONDS
+            triage_until = deadline - margin
             if self.shrink and time.time() < triage_until - 10 and self._queued(Summary.load(self.artifacts)):
                 began = time.time()
-                self._triage(min(triage_until, began + triage_budget))
+                self._triage(min(triage_until, began + triage_budget), stop)
                 triage_spent += time.time() - began
         summary = Summary.load(self.artifacts)
         if self.shrink:

@@ -33,6 +33,7 @@ import copy
 import hashlib
 import json
 import os
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -50,6 +51,23 @@ from etprop.verdicts.signature import signature
 NOT_TRIAGED = {Outcome.INTERNAL_ERROR.value, Outcome.EXPORT_ERROR.value, Outcome.NONDETERMINISTIC.value}
 # A claim older than this is from a worker that died.
 STALE_CLAIM_SECONDS = 3 * 3600
+
+
+def _claim_is_stale(path: Path) -> bool:
+    """A claim is stale when it is old, or when its worker ran on this host and
+    is gone (a campaign stops its triage workers at the end of its budget)."""
+    if time.time() - path.stat().st_mtime > STALE_CLAIM_SECONDS:
+        return True
+    pid, _, host = path.read_text().strip().partition(" ")
+    if host != socket.gethostname() or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
 
 def _short(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
@@ -193,7 +211,7 @@ class Triage:
         path = self.directory(key) / "claim"
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
-            if time.time() - path.stat().st_mtime > STALE_CLAIM_SECONDS:
+            if _claim_is_stale(path):
                 path.unlink()
         except FileNotFoundError:
             pass
@@ -201,7 +219,7 @@ class Triage:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             return False
-        os.write(fd, f"{os.getpid()}\n".encode())
+        os.write(fd, f"{os.getpid()} {socket.gethostname()}\n".encode())
         os.close(fd)
         return True
 
