@@ -91,6 +91,8 @@ BROAD = {
     "KERNELS-002": ("portable", _repro_spec("kernels_var_float16_overflow.json")),
     # Its group norm outputs zeros (which a negation leaves as they are); a relu output shows the second fault.
     "KERNELS-003": ("portable", _with_relu_output(_repro_spec("kernels_group_norm_negative_variance.json"))),
+    # Its layer norm outputs +-1 (which a negation keeps in range); a relu output shows the second fault.
+    "KERNELS-005": ("portable", _with_relu_output(_repro_spec("kernels_layer_norm_one_pass_variance.json"))),
     "EXIR-004": ("portable", _repro_spec("exir_bicubic_antialias_not_core_aten.json")),
     "XNN-011": ("xnnpack", _repro_spec("xnnpack_addmm_matrix_bias_first_row.json")),
     "COREAI-012": ("coreai", _repro_spec("coreai_nearest_downsample_half_pixel.json")),
@@ -277,6 +279,37 @@ def test_two_pass_group_norm_is_group_norm(kwargs, shape):
                                            "kwargs": {"in_features": 8, "out_features": 3}}}))
     torch.testing.assert_close(linear.eager("forward", linear.inputs("forward"))[0],
                                linear.module.n(linear.inputs("forward")[0]), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("kwargs, shape", [
+    ({"normalized_shape": [2], "eps": 1e-3, "elementwise_affine": False}, (1, 1, 10, 2)),
+    ({"normalized_shape": [4, 3], "eps": 1e-5, "elementwise_affine": True}, (2, 5, 4, 3)),
+    ({"normalized_shape": [6], "eps": 1e-5, "elementwise_affine": True, "bias": False}, (3, 6)),
+])
+def test_two_pass_layer_norm_is_layer_norm(kwargs, shape):
+    """KERNELS-005's equivalent form matches nn.LayerNorm; a GroupNorm is left
+    alone unless its own rule asks for it."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "n"}],
+                    {"n": {"kind": "layer", "type": "LayerNorm", "seed": 3, "kwargs": kwargs}}, shape=shape)
+    rule = {"rewrite": "set_attrs", "ops": ["layer"], "attrs": {"layer_norm_two_pass": True}}
+    rewritten, changed = neutralize(spec, [rule])
+    assert changed == 1
+    original, twin = builder.build(spec), builder.build(rewritten)
+    assert "_norm_two_pass(self.n, x, ('LayerNorm',))" in twin.source
+    inputs = original.inputs("forward")
+    torch.testing.assert_close(twin.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
+                               rtol=1e-5, atol=1e-5)
+    group = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "n"}],
+                     {"n": {"kind": "layer", "type": "GroupNorm", "seed": 3,
+                            "kwargs": {"num_groups": 2, "num_channels": 4}}}, shape=(2, 4, 3))
+    group_twin = builder.build(neutralize(group, [rule])[0])
+    assert group_twin.module.n.__class__.__name__ == "GroupNorm"
+    torch.testing.assert_close(group_twin.eager("forward", group_twin.inputs("forward"))[0],
+                               group_twin.module.n(group_twin.inputs("forward")[0]), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("op, weight, shape, attrs", [

@@ -71,6 +71,25 @@ def _output_padded(full, padding, output_padding, bias):
     return y
 
 
+def _norm_two_pass(norm, x, kinds):
+    """A GroupNorm or LayerNorm layer (of the kinds named) with its variance
+    taken about the mean (two passes, as eager computes it); other layers as
+    they are (a neutralization's equivalent form)."""
+    if isinstance(norm, nn.GroupNorm) and "GroupNorm" in kinds:
+        return _group_norm_two_pass(norm, x)
+    if not (isinstance(norm, nn.LayerNorm) and "LayerNorm" in kinds):
+        return norm(x)
+    dims = tuple(range(-len(norm.normalized_shape), 0))
+    centered = x - x.mean(dims, keepdim=True)
+    var = (centered * centered).mean(dims, keepdim=True)
+    y = centered / torch.sqrt(var + norm.eps)
+    if norm.weight is not None:
+        y = y * norm.weight
+    if norm.bias is not None:
+        y = y + norm.bias
+    return y
+
+
 def _group_norm_two_pass(norm, x):
     """A GroupNorm layer with its variance taken about the group mean (two
     passes, as eager computes it); other layers as they are (a neutralization's

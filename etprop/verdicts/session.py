@@ -186,12 +186,34 @@ class Session:
                     re.search(f.pattern, other.message, re.S) for f in found):
                 self.artifacts.pending_path(spec, prop).unlink(missing_ok=True)
                 return again
-            flow_result.known = found[0].id
+            flow_result.known = self._which(spec, flows, prop, oracles, index, flow_result, found)
         if again.new_failures:
             result.followups.append(again)
         else:
             self.artifacts.pending_path(neutral, prop).unlink(missing_ok=True)
         return result
+
+    def _which(self, spec, flows, prop, oracles, index: int, failure, found: list) -> str:
+        """Of several findings nominated for one failure that their causes,
+        neutralized together, made go: the first whose cause alone does (one
+        that merely shares the op and the message is not named), or all of
+        them joined by "+" when none alone does."""
+        if len(found) == 1:
+            return found[0].id
+        for finding in found:
+            alone, changed = known_findings.neutralized(spec, [finding])
+            if not changed:
+                continue
+            try:
+                other = self._run(alone, flows, prop, oracles, record_export_failure=False).results[index]
+            except ExportFailed:
+                continue
+            finally:
+                self.artifacts.pending_path(alone, prop).unlink(missing_ok=True)
+            if not (other.outcome is failure.outcome and any(re.search(f.pattern, other.message, re.S)
+                                                            for f in found)):
+                return finding.id
+        return "+".join(f.id for f in found)
 
     def _confirm(self, spec, flows, prop, oracles, first: ExampleResult) -> ExampleResult:
         """Re-run a new failure class in the same worker and a fresh one."""
