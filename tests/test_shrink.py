@@ -140,3 +140,20 @@ def test_a_program_pt2e_cannot_quantize_is_still_a_valid_candidate(monkeypatch):
     monkeypatch.setattr(quantize, "quantized",
                         lambda built: (_ for _ in ()).throw(quantize.QuantizationFailed("export", "rejected")))
     assert not shrink._is_valid(_quantized_spec())
+
+
+def test_a_candidate_a_known_finding_explains_does_not_keep_a_new_failure():
+    """A new failure shrunk into a recorded finding's program would be that
+    finding's repro, not this one's: such a candidate does not reproduce."""
+    from etprop.oracles import Verdict
+    from etprop.verdicts.check import ExampleResult, FlowResult
+    from etprop.verdicts.outcomes import Outcome
+
+    failure = shrink.Failure("xnnpack", "mismatch", "eager equivalence", None)
+
+    def result(known):
+        verdict = Verdict.failed("eager equivalence", "2 / 8 elements differ", Outcome.MISMATCH)
+        return ExampleResult("mixed", {}, [FlowResult("xnnpack", Outcome.MISMATCH, [verdict], known=known)])
+
+    assert shrink.reproduces(result(None), failure)
+    assert not shrink.reproduces(result("XNN-014"), failure)

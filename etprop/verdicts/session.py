@@ -93,7 +93,8 @@ class Session:
 
     def run(self, spec, flows, prop, oracles, attribute: bool = False) -> ExampleResult:
         """One run, recorded; no confirmation, no raising. ``attribute``:
-        attribute failures to known findings (replays do; shrinking wants the raw symptom)."""
+        attribute failures to known findings (replays do, and shrinks of a new failure,
+        which must not drift to a known one)."""
         result = self._run(spec, flows, prop, oracles)
         if attribute:
             result = self._attribute(spec, flows, prop, oracles, result)
