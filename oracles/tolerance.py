@@ -113,8 +113,18 @@ OP_ULPS: dict[tuple[str, str], dict[str, float]] = {
 # - QUANTIZED_RANDOM_RUNS: random patterns of those moves. The actual
 #   differences are one such pattern; a bound SPREAD_FACTOR times the largest
 #   of 8 samples leaves it a negligible chance per element to be exceeded.
+# - QUANTIZED_FLIP_SHARE: a backend's integer arithmetic (average pooling,
+#   requantization of a sum, a lookup table) can round a value the other way
+#   that no tie run moved: up to this share of an output's elements (at least
+#   one) may then differ by what a whole step (FLIP_STEPS) anywhere upstream
+#   produces, SPREAD_FACTOR times. A wrong scale or zero point, or a dropped
+#   requantization, moves far more elements and is still caught. Seen: one of
+#   1,440 elements of a static per-tensor program one output step off on
+#   XNNPACK (-0.091 where the converted program gives -0.114).
 TIE_STEPS = 0.05
 DYNAMIC_STEPS = 0.5
+FLIP_STEPS = 1.0
+QUANTIZED_FLIP_SHARE = 0.01
 QUANTIZED_FLOAT_ULPS = TRANSCENDENTAL_ULPS
 QUANTIZED_RANDOM_RUNS = 8
 
@@ -125,6 +135,7 @@ def op_ulps(runtime: str, dtype: str) -> dict[str, float]:
     random ones (so they cross a rounding op's or a branch's boundary
     wherever a difference the bound allows would)."""
     return {"directional": SPREAD_FACTOR, "tie_steps": TIE_STEPS, "dynamic_steps": DYNAMIC_STEPS,
+            "flip_steps": FLIP_STEPS,
             "quantized_float_ops": QUANTIZED_FLOAT_ULPS, "random_runs": QUANTIZED_RANDOM_RUNS,
             **OP_ULPS.get((runtime, dtype), {})}
 
@@ -152,7 +163,8 @@ def judge(reference, actual: list, runtime: str = "executorch") -> Judgement:
             return Judgement(f"output {index}: {tuple(got.shape)} {got.dtype}, eager gives "
                              f"{tuple(want.shape)} {want.dtype}", unstable)
         runs = [run[index] for run in reference.jittered]
-        problem, count = _judge_output(want, got, reference.wide[index], runs)
+        flips = [run[index] for run in getattr(reference, "flips", None) or []]
+        problem, count = _judge_output(want, got, reference.wide[index], runs, flips)
         unstable += count
         if problem:
             note = f"; {unstable} unstable elements" if unstable else ""
@@ -203,7 +215,7 @@ def bound(want, wide, runs) -> Bound:
     return Bound(allowed, jumps | edge, edge, ~finite_y & ~finite_64, spread)
 
 
-def _judge_output(want, got, wide, runs) -> tuple[str | None, int]:
+def _judge_output(want, got, wide, runs, flips=()) -> tuple[str | None, int]:
     limits = bound(want, wide, runs)
     tiny = torch.finfo(want.dtype).tiny if want.is_floating_point() else 0.0
     y, y64, g = want.double(), wide.double(), got.double()
@@ -232,6 +244,12 @@ def _judge_output(want, got, wide, runs) -> tuple[str | None, int]:
         return f"eager is at the edge of the range at {at} but got {g[at]:.6g}, float64 {y64[at]:.6g}", count
     excess = torch.where(compared, (g - y).abs() - allowed, torch.full_like(y, -1.0))
     bad = excess > 0
+    if flips and bool(bad.any()):
+        # Quantized: a few elements may round the other way (QUANTIZED_FLIP_SHARE).
+        reach = SPREAD_FACTOR * torch.stack([(f.double() - y).abs() for f in flips]).amax(0)
+        flipped = bad & ((g - y).abs() <= reach)
+        if int(flipped.sum()) <= max(1, int(QUANTIZED_FLIP_SHARE * want.numel())):
+            bad, count = bad & ~flipped, count + int(flipped.sum())
     if bool(bad.any()):
         at = _first(excess == excess.max())
         return (f"{int(bad.sum())} / {want.numel()} elements differ; worst at {at}: eager {y[at]:.6g}, "

@@ -115,6 +115,30 @@ def test_broken_quantized_lowerings_are_mismatches(static_program, edit, base):
     assert not verdict.ok and verdict.outcome is Outcome.MISMATCH, verdict.message
 
 
+def test_a_few_elements_one_step_off_are_rounding_but_a_whole_tensor_is_not():
+    """QUANTIZED_FLIP_SHARE: one element rounded the other way passes; the same
+    step on every element (a zero point one off) and two steps on one element
+    do not."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from etprop.oracles import tolerance
+
+    step = 0.02
+    want = torch.arange(-100, 100, dtype=torch.float32).reshape(10, 20) * step
+    reference = SimpleNamespace(expected=[want], wide=[want.clone()], jittered=[[want.clone()], [want.clone()]],
+                                flips=[[want + step], [want - step]])
+    one = want.clone()
+    one[3, 4] += step
+    assert tolerance.judge(reference, [one]).problem is None
+    assert tolerance.judge(reference, [want + step]).problem is not None
+    far = want.clone()
+    far[3, 4] += 5 * step
+    assert tolerance.judge(reference, [far]).problem is not None
+    assert tolerance.judge(SimpleNamespace(**{**vars(reference), "flips": []}), [one]).problem is not None
+
+
 def test_dynamic_schemes_match_on_xnnpack():
     for scheme in ("dynamic_per_tensor", "dynamic_per_channel", "static_per_channel"):
         verdict = _equivalence(builder.build(_gemm_chain(scheme)), flows.get("xnnpack"))

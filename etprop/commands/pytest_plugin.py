@@ -38,6 +38,10 @@ OPTIONS = {
 }
 
 
+# The Hypothesis profile pytest_configure loaded (property modules are imported after it).
+ACTIVE_PROFILE = ""
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("etprop", "etprop property-based lowering checks")
     for name in OPTIONS:
@@ -86,6 +90,8 @@ def pytest_configure(config):
         settings.register_profile(f"{profile}-custom", settings.get_profile(profile), **overrides)
         profile = f"{profile}-custom"
     settings.load_profile(profile)
+    global ACTIVE_PROFILE
+    ACTIVE_PROFILE = profile
     module = option(config, "flow_module")
     if module:
         from etprop import flows
@@ -113,6 +119,30 @@ def selected_flows(config) -> list:
     return flows.available_flows()
 
 
+def quantized_flow_groups(chosen: list) -> list[tuple]:
+    """Each flow that promises to delegate quantized GEMMs (XNNPACK) with the
+    chosen candidates built on it, baseline first: one drawn program is
+    lowered on all of them and compared with the baseline."""
+    groups = []
+    for base in chosen:
+        if "gemm_quantized_weight" in base.promises.delegates and base.baseline in (None, "portable"):
+            groups.append((base, *(f for f in chosen if f.baseline == base.name)))
+    return groups
+
+
+def share(weight: int):
+    """A property's share of a campaign's examples: ``weight`` times a
+    property's default (each campaign round asks every property for the same
+    number). Outside campaigns (``dev``, ``ci``) it changes nothing."""
+    from hypothesis import settings as hypothesis_settings
+
+    def apply(test):
+        if not ACTIVE_PROFILE.startswith("fuzz"):
+            return test
+        return hypothesis_settings(max_examples=hypothesis_settings.default.max_examples * weight)(test)
+    return apply
+
+
 def pytest_generate_tests(metafunc):
     """Parametrize ``flow`` (one flow) and ``flow_pair`` (baseline, candidate)."""
     marker = metafunc.definition.get_closest_marker("etprop_family")
@@ -121,6 +151,9 @@ def pytest_generate_tests(metafunc):
               if family is None or f.families is None or family in f.families]
     if "flow" in metafunc.fixturenames:
         metafunc.parametrize("flow", chosen, ids=[f.name for f in chosen])
+    if "quantized_flow_group" in metafunc.fixturenames:
+        groups = quantized_flow_groups(chosen)
+        metafunc.parametrize("quantized_flow_group", groups, ids=["+".join(f.name for f in g) for g in groups])
     if "flow_pair" in metafunc.fixturenames:
         from etprop import flows
 

@@ -626,6 +626,9 @@ class Reference:
     expected: list
     wide: list
     jittered: list = field(default_factory=list)
+    # Quantized programs: runs with every quantization's input moved by a
+    # whole step (oracles/tolerance.py, QUANTIZED_FLIP_SHARE).
+    flips: list = field(default_factory=list)
 
 
 @dataclass
@@ -764,12 +767,13 @@ class QuantizedProgram(BuiltProgram):
         """The converted program's outputs, bounded by its perturbed runs
         (quantize.perturbed_runs; budgets from ``ulps``, oracles/tolerance.py):
         a quantized lowering is judged against its Q/DQ program."""
-        from etprop.program.quantize import perturbed_runs
+        from etprop.program.quantize import flip_runs, perturbed_runs
 
         expected = self.eager(method, inputs)
         dynamic = self.spec["quantization"]["scheme"].startswith("dynamic")
         runs = perturbed_runs(self.converted[method], inputs, dynamic, ulps)
-        return Reference(expected, [t.clone() for t in expected], runs)
+        flips = flip_runs(self.converted[method], inputs, ulps)
+        return Reference(expected, [t.clone() for t in expected], runs, flips)
 
 
 class _MethodView(torch.nn.Module):

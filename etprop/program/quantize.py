@@ -165,6 +165,20 @@ class _Perturbed(torch.fx.Interpreter):
         return result
 
 
+def flip_runs(converted, inputs: tuple, budgets: dict) -> list:
+    """The converted program's outputs with every quantization's input moved
+    up, then down, by ``budgets["flip_steps"]`` whole steps: how far a value
+    that rounds the other way anywhere upstream can move each output."""
+    budgets = {**budgets, "tie_steps": budgets["flip_steps"], "dynamic_steps": budgets["flip_steps"],
+               "quantized_float_ops": 0.0}
+    runs = []
+    with torch.no_grad():
+        for mode in ("up", "down"):
+            outputs = _Perturbed(converted, mode, 0, budgets).run(*inputs)
+            runs.append([t.clone() for t in (outputs if isinstance(outputs, (list, tuple)) else [outputs])])
+    return runs
+
+
 def perturbed_runs(converted, inputs: tuple, dynamic: bool, budgets: dict) -> list:
     """The converted program's outputs under each perturbation: up, down,
     ``budgets["random_runs"]`` random patterns, and for dynamic schemes the

@@ -157,7 +157,7 @@ def main():
 
     cases = torch.load(io.BytesIO(base64.b64decode("".join(CASES))), weights_only=True) if CASES else []
     first = {{}}
-    for name, kind, inputs, expected, wide, jittered in cases:
+    for name, kind, inputs, *_ in cases:
         first.setdefault(name, tuple(inputs))
     for name, inputs in INPUTS.items():  # no cases embedded: etprop could not quantize the program
         first.setdefault(name, tuple(make_input(tuple(inp["shape"]), inp.get("dtype", "float32"), "normal", index)
@@ -202,12 +202,13 @@ def main():
     except Exception as exc:
         _verdict("load error", f"{{type(exc).__name__}}: {{exc}}")
     unstable = 0
-    for name, kind, inputs, expected, wide, jittered in cases:
+    for name, kind, inputs, expected, wide, jittered, flips in cases:
         try:
             got = run(name, tuple(inputs))
         except Exception as exc:
             _verdict("run error", f"method '{{name}}' failed on {{kind}} inputs: {{type(exc).__name__}}: {{exc}}")
-        judgement = judge(SimpleNamespace(expected=expected, wide=wide, jittered=jittered), got, RUNTIME)
+        judgement = judge(SimpleNamespace(expected=expected, wide=wide, jittered=jittered, flips=flips), got,
+                          RUNTIME)
         unstable += judgement.unstable
         if judgement.problem:
             _verdict("mismatch", f"method '{{name}}', {{kind}} inputs: {{judgement.problem}}")
@@ -280,7 +281,8 @@ def _embedded_cases(spec: dict, runtime: str) -> str:
     built.reset_state()
     for method, kind, inputs in equivalence.cases(built, sequence=sequence):
         reference = built.reference(method, inputs, restore=not sequence, ulps=ulps)
-        cases.append((method, kind, list(inputs), reference.expected, reference.wide, reference.jittered))
+        cases.append((method, kind, list(inputs), reference.expected, reference.wide, reference.jittered,
+                      reference.flips))
     built.reset_state()
     buffer = io.BytesIO()
     torch.save(cases, buffer)
