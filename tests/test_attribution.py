@@ -83,6 +83,7 @@ BROAD = {
     "COREAI-001": ("coreai", _program(
         [{"id": "v0", "op": "add", "args": ["x"], "state": "p", "attrs": {"alpha": 2.0}}],
         {"p": {"kind": "parameter", "shape": [3, 8], "seed": 3}})),
+    "COREAI-003": ("coreai", _repro_spec("coreai_batch_norm2d_no_affine.json")),
     "COREAI-007": ("coreai", _repro_spec("coreai_output_halved.json")),
     "COREAI-006": ("coreai", _repro_spec("coreai_control_flow_keyerror.json")),
     "EXIR-001": ("portable", _repro_spec("exir_two_cond_output_mismatch.json")),
