@@ -180,10 +180,11 @@ _QUANTIZABLE_LAYERS = ("Linear", "Conv1d", "Conv2d", "ConvTranspose1d", "ConvTra
 
 
 @st.composite
-def quantization_configs(draw, spec: dict) -> dict:
-    """A PT2E quantization of ``spec`` (etprop/program/quantize.py): a scheme,
-    the whole program or some of its GEMM layers, and the calibration batches."""
-    scheme = draw(st.sampled_from(SCHEMES))
+def quantization_configs(draw, spec: dict, schemes: tuple = SCHEMES) -> dict:
+    """A PT2E quantization of ``spec`` (etprop/program/quantize.py): one of
+    ``schemes``, the whole program or some of its GEMM layers, and the
+    calibration batches."""
+    scheme = draw(st.sampled_from(schemes))
     layers = sorted({node["state"] for _, node in all_nodes(spec) if node["op"] == "layer"
                      and spec["state"][node["state"]].get("type") in _QUANTIZABLE_LAYERS})
     modules = None
@@ -199,14 +200,15 @@ def _stateful(spec: dict) -> bool:
 
 
 @st.composite
-def quantized(draw, float_programs):
-    """A float32 program from ``float_programs``, quantized: the same graph
-    after prepare_pt2e, calibration and convert_pt2e (programs that mutate a
-    buffer stay out: a converted program is judged call by call)."""
+def quantized(draw, float_programs, schemes: tuple = SCHEMES):
+    """A float32 program from ``float_programs``, quantized with one of
+    ``schemes``: the same graph after prepare_pt2e, calibration and
+    convert_pt2e (programs that mutate a buffer stay out: a converted program
+    is judged call by call)."""
     spec = draw(float_programs.filter(lambda s: s.get("dtype", "float32") == "float32" and not _stateful(s)))
-    return {**spec, "format": QUANTIZED_FORMAT, "quantization": draw(quantization_configs(spec))}
+    return {**spec, "format": QUANTIZED_FORMAT, "quantization": draw(quantization_configs(spec, schemes))}
 
 
-def quantized_programs(min_nodes: int = 4, max_nodes: int = 24):
+def quantized_programs(min_nodes: int = 4, max_nodes: int = 24, schemes: tuple = SCHEMES):
     """GEMM-heavy programs (where quantized operators matter), quantized."""
-    return quantized(programs(min_nodes=min_nodes, max_nodes=max_nodes, gemm_heavy=True, dtype="float32"))
+    return quantized(programs(min_nodes=min_nodes, max_nodes=max_nodes, gemm_heavy=True, dtype="float32"), schemes)

@@ -6,6 +6,7 @@ import dataclasses
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -17,6 +18,8 @@ from etprop.program import spec as specmod
 from etprop.program.spec import QUANTIZED_FORMAT, SpecError
 from etprop.verdicts import repro
 from etprop.verdicts.outcomes import Outcome
+
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def _gemm_chain(scheme="static_per_tensor", modules=None, parametrization=None):
@@ -286,3 +289,69 @@ def test_strategies_draw_valid_quantized_specs_of_every_family():
 
     check()
     assert len(seen) >= 2
+
+
+def test_xnnpack_flows_form_one_group_baseline_first():
+    """The XNNPACK item lowers one quantized program on stock XNNPACK and its
+    candidates together; Core AI, which promises no quantized GEMMs, is not in it."""
+    from etprop.commands.pytest_plugin import quantized_flow_groups
+
+    chosen = [flows.get(name) for name in ("portable", "xnnpack", "coreai", "xnnpack+fold", "xnnpack+cf",
+                                           "coreai+multifunction")]
+    assert [[f.name for f in group] for group in quantized_flow_groups(chosen)] == \
+        [["xnnpack", "xnnpack+fold", "xnnpack+cf"]]
+
+
+def test_a_property_share_multiplies_examples_in_campaigns_only(monkeypatch):
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from etprop.commands import pytest_plugin
+
+    def drawn(profile):
+        monkeypatch.setattr(pytest_plugin, "ACTIVE_PROFILE", profile)
+        calls = []
+
+        @pytest_plugin.share(3)
+        @given(st.integers())
+        def prop(value):
+            calls.append(value)
+
+        prop()
+        return len(calls)
+
+    default = settings.default.max_examples
+    assert drawn("ci") <= default
+    assert drawn("fuzz-noshrink-custom") > default
+
+
+def test_a_converted_program_torch_export_rejects_is_a_quantization_error(tmp_path, monkeypatch):
+    """PT2E started from an exported float program, so a converted program
+    torch.export rejects is the quantization layer's failure, on every flow;
+    a float program it rejects stays the generator's (ExportFailed)."""
+    from etprop.oracles.sets import SINGLE_FLOW
+    from etprop.verdicts import check
+
+    def reject(built):
+        raise pipeline.ExportFailed("torch.export rejected method 'forward': planted")
+
+    monkeypatch.setattr(pipeline, "export_program", reject)
+    artifacts = check.Artifacts(tmp_path)
+    result = check.run_example(_gemm_chain(), [flows.get("portable"), flows.get("xnnpack")], "quantized",
+                               SINGLE_FLOW, artifacts)
+    assert [r.outcome for r in result.results] == [Outcome.QUANTIZATION_ERROR] * 2
+    assert "converted (Q/DQ) program does not export" in result.results[0].message
+    float_spec = {key: value for key, value in _gemm_chain().items() if key != "quantization"}
+    with pytest.raises(pipeline.ExportFailed):
+        check.run_example({**float_spec, "format": specmod.FORMAT}, [flows.get("portable")], "mixed", SINGLE_FLOW,
+                          artifacts)
+
+
+def test_replaying_a_program_torch_export_rejects_is_one_verdict_not_a_traceback(tmp_path):
+    path = repro.write(tmp_path / "r.json", {k: v for k, v in _gemm_chain().items() if k != "quantization"}
+                       | {"format": specmod.FORMAT}, ["portable"], "mixed", "export error", script=False)
+    completed = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "repro", str(path), "--flow-module",
+                                str(FIXTURES / "export_rejects.py"), "--artifacts", str(tmp_path / "a")],
+                               capture_output=True, text=True, timeout=600)
+    assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
+    assert "export error" in completed.stdout and "Traceback" not in completed.stderr, completed.stderr[-2000:]

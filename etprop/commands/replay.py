@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Optional
 
 from etprop import flows
+from etprop.lowering.pipeline import ExportFailed
 from etprop.verdicts import repro
 from etprop.errors import UsageError
 from etprop.verdicts.known_findings import FINDINGS_DIR
@@ -68,6 +69,13 @@ def replay_record(record: dict, path, artifacts: Path, verbose: bool = False, se
     try:
         result = session.run(record["spec"], chosen, record["property"], oracles_for(record["property"]),
                              attribute=True)
+    except ExportFailed as exc:
+        # torch.export rejects the program: the generator's defect, still there.
+        replayed = Replayed(path, record.get("outcome"), Outcome.EXPORT_ERROR.value, str(exc))
+        if verbose:
+            print(f"export error (torch.export rejects the program; no flow ran): {str(exc).splitlines()[0]}")
+            print(f"verdict: {replayed.status} (recorded: {replayed.recorded}, now: {replayed.now})")
+        return replayed
     finally:
         if own:
             session.close()

@@ -185,7 +185,8 @@ class Summary:
             lines.append(f"  {prop:24} {flow:22} {sum(counts.values()):5} examples: {outcome_text}")
         quantized = self.quantization_cells()
         if quantized:
-            lines += ["", "quantized programs, scheme x flow: outcomes"]
+            share = sum(1 for r in self.records if r.get("quantization"))
+            lines += ["", f"quantized programs: {share} of {len(self.records)} examples; scheme x flow: outcomes"]
         for (scheme, flow), counts in sorted(quantized.items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             lines.append(f"  {scheme:24} {flow:22} {sum(counts.values()):5} flow results: {outcome_text}")

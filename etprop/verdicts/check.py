@@ -168,8 +168,19 @@ def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
                               [Verdict.failed("quantization", str(exc), Outcome.QUANTIZATION_ERROR)])
                    for name in flow_names]
         return ExampleResult(prop, spec, results, seconds=time.perf_counter() - started)
-    with stages.timed("torch"):
-        exported = pipeline.export_program(built)
+    try:
+        with stages.timed("torch"):
+            exported = pipeline.export_program(built)
+    except pipeline.ExportFailed as exc:
+        if not isinstance(built, builder.QuantizedProgram):
+            raise
+        # The float program exported (PT2E started from it): the quantization
+        # layer made a program torch.export rejects.
+        message = f"the converted (Q/DQ) program does not export: {exc}"
+        results = [FlowResult(name, Outcome.QUANTIZATION_ERROR,
+                              [Verdict.failed("quantization", message, Outcome.QUANTIZATION_ERROR)])
+                   for name in flow_names]
+        return ExampleResult(prop, spec, results, seconds=time.perf_counter() - started)
     lowerings = {}
     for index, flow in enumerate(flows):
         # A flow gated against itself is lowered twice: the two must agree.
