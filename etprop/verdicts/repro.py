@@ -185,6 +185,9 @@ def main():
                                               dynamic_shapes=_dynamic_shapes(name), strict=False)
                     for name in first}}
     except Exception as exc:
+        if QUANTIZATION is not None:  # the float program exported: PT2E made one torch.export rejects
+            _verdict("quantization error", f"the converted (Q/DQ) program does not export: "
+                                           f"{{type(exc).__name__}}: {{exc}}")
         _verdict("export error", f"{{type(exc).__name__}}: {{exc}}")
     try:
         edge = to_edge_transform_and_lower(exported, partitioner=partitioners() or None,
