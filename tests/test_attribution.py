@@ -254,63 +254,47 @@ def test_nearest_by_index_is_nearest_interpolation(size):
                                rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("kwargs, shape", [
-    ({"num_groups": 5, "num_channels": 5, "eps": 1e-3, "affine": False}, (3, 5, 1)),
-    ({"num_groups": 2, "num_channels": 6, "eps": 1e-5, "affine": True}, (2, 6, 4, 3)),
-    ({"num_groups": 1, "num_channels": 4, "eps": 1e-5, "affine": True}, (2, 4, 7)),
+_GROUP_NORM = ("GroupNorm", "two_pass", "_group_norm_two_pass(self.n, x)")
+_LAYER_NORM = ("LayerNorm", "layer_norm_two_pass", "_norm_two_pass(self.n, x, ('LayerNorm',))")
+
+
+@pytest.mark.parametrize("norm, kwargs, shape", [
+    (_GROUP_NORM, {"num_groups": 5, "num_channels": 5, "eps": 1e-3, "affine": False}, (3, 5, 1)),
+    (_GROUP_NORM, {"num_groups": 2, "num_channels": 6, "eps": 1e-5, "affine": True}, (2, 6, 4, 3)),
+    (_GROUP_NORM, {"num_groups": 1, "num_channels": 4, "eps": 1e-5, "affine": True}, (2, 4, 7)),
+    (_LAYER_NORM, {"normalized_shape": [2], "eps": 1e-3, "elementwise_affine": False}, (1, 1, 10, 2)),
+    (_LAYER_NORM, {"normalized_shape": [4, 3], "eps": 1e-5, "elementwise_affine": True}, (2, 5, 4, 3)),
+    (_LAYER_NORM, {"normalized_shape": [6], "eps": 1e-5, "elementwise_affine": True, "bias": False}, (3, 6)),
 ])
-def test_two_pass_group_norm_is_group_norm(kwargs, shape):
-    """KERNELS-003's equivalent form matches nn.GroupNorm, and leaves other layers alone."""
+def test_two_pass_norm_is_the_norm(norm, kwargs, shape):
+    """KERNELS-003's (GroupNorm) and KERNELS-005's (LayerNorm) equivalent forms
+    match the layer; each rule leaves every other layer as it is."""
     import torch
 
     from etprop.program import builder
 
+    layer_type, attr, rendered = norm
     spec = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "n"}],
-                    {"n": {"kind": "layer", "type": "GroupNorm", "seed": 3, "kwargs": kwargs}}, shape=shape)
-    rewritten, changed = neutralize(spec, [{"rewrite": "set_attrs", "ops": ["layer"], "attrs": {"two_pass": True}}])
-    assert changed == 1
-    original, twin = builder.build(spec), builder.build(rewritten)
-    assert "_group_norm_two_pass(self.n, x)" in twin.source
-    inputs = original.inputs("forward")
-    torch.testing.assert_close(twin.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
-                               rtol=1e-5, atol=1e-5)
-    linear = builder.build(_program([{"id": "v0", "op": "layer", "args": ["x"], "state": "n",
-                                      "attrs": {"two_pass": True}}],
-                                    {"n": {"kind": "layer", "type": "Linear", "seed": 3,
-                                           "kwargs": {"in_features": 8, "out_features": 3}}}))
-    torch.testing.assert_close(linear.eager("forward", linear.inputs("forward"))[0],
-                               linear.module.n(linear.inputs("forward")[0]), rtol=0, atol=0)
-
-
-@pytest.mark.parametrize("kwargs, shape", [
-    ({"normalized_shape": [2], "eps": 1e-3, "elementwise_affine": False}, (1, 1, 10, 2)),
-    ({"normalized_shape": [4, 3], "eps": 1e-5, "elementwise_affine": True}, (2, 5, 4, 3)),
-    ({"normalized_shape": [6], "eps": 1e-5, "elementwise_affine": True, "bias": False}, (3, 6)),
-])
-def test_two_pass_layer_norm_is_layer_norm(kwargs, shape):
-    """KERNELS-005's equivalent form matches nn.LayerNorm; a GroupNorm is left
-    alone unless its own rule asks for it."""
-    import torch
-
-    from etprop.program import builder
-
-    spec = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "n"}],
-                    {"n": {"kind": "layer", "type": "LayerNorm", "seed": 3, "kwargs": kwargs}}, shape=shape)
-    rule = {"rewrite": "set_attrs", "ops": ["layer"], "attrs": {"layer_norm_two_pass": True}}
+                    {"n": {"kind": "layer", "type": layer_type, "seed": 3, "kwargs": kwargs}}, shape=shape)
+    rule = {"rewrite": "set_attrs", "ops": ["layer"], "attrs": {attr: True}}
     rewritten, changed = neutralize(spec, [rule])
     assert changed == 1
     original, twin = builder.build(spec), builder.build(rewritten)
-    assert "_norm_two_pass(self.n, x, ('LayerNorm',))" in twin.source
+    assert rendered in twin.source
     inputs = original.inputs("forward")
     torch.testing.assert_close(twin.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
                                rtol=1e-5, atol=1e-5)
-    group = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "n"}],
-                     {"n": {"kind": "layer", "type": "GroupNorm", "seed": 3,
-                            "kwargs": {"num_groups": 2, "num_channels": 4}}}, shape=(2, 4, 3))
-    group_twin = builder.build(neutralize(group, [rule])[0])
-    assert group_twin.module.n.__class__.__name__ == "GroupNorm"
-    torch.testing.assert_close(group_twin.eager("forward", group_twin.inputs("forward"))[0],
-                               group_twin.module.n(group_twin.inputs("forward")[0]), rtol=0, atol=0)
+    others = [("Linear", {"in_features": 8, "out_features": 3}, (3, 8)),
+              ("GroupNorm", {"num_groups": 2, "num_channels": 4}, (2, 4, 3)),
+              ("LayerNorm", {"normalized_shape": [3]}, (2, 4, 3))]
+    for other, other_kwargs, other_shape in others:
+        if other == layer_type:
+            continue
+        untouched = builder.build(neutralize(_program(
+            [{"id": "v0", "op": "layer", "args": ["x"], "state": "n"}],
+            {"n": {"kind": "layer", "type": other, "seed": 3, "kwargs": other_kwargs}}, shape=other_shape), [rule])[0])
+        x = untouched.inputs("forward")[0]
+        torch.testing.assert_close(untouched.eager("forward", (x,))[0], untouched.module.n(x), rtol=0, atol=0)
 
 
 @pytest.mark.parametrize("op, weight, shape, attrs", [
