@@ -355,3 +355,29 @@ def test_replaying_a_program_torch_export_rejects_is_one_verdict_not_a_traceback
                                capture_output=True, text=True, timeout=600)
     assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
     assert "export error" in completed.stdout and "Traceback" not in completed.stderr, completed.stderr[-2000:]
+
+
+def test_perturbed_runs_reach_into_control_flow_bodies():
+    """A GEMM quantized inside a scan body moves in the perturbed runs as it
+    does at top level: the bound of a body's output is not zero."""
+    import torch
+
+    spec = {"format": QUANTIZED_FORMAT,
+            "quantization": {"scheme": "dynamic_per_tensor", "modules": None, "calibration": 1},
+            "state": {"w": {"kind": "weight", "shape": [4, 4], "seed": 1, "scale": 0.5},
+                      "b": {"kind": "weight", "shape": [4], "seed": 2, "scale": 0.5}},
+            "methods": {"forward": {
+                "inputs": [{"name": "x", "shape": [3, 4], "dtype": "float32"}],
+                "nodes": [{"id": "s", "op": "slice", "args": ["x"], "attrs": {"dim": 0, "start": 0, "end": 1, "step": 1}},
+                          {"id": "v0", "op": "squeeze", "args": ["s"], "attrs": {"dim": 0}},
+                          {"id": "v1", "op": "scan", "args": ["v0", "x"], "attrs": {"select": 0},
+                           "bodies": [{"params": ["c", "e"], "outputs": ["b1"],
+                                       "nodes": [{"id": "b1", "op": "linear", "args": ["c"], "state": "w",
+                                                  "attrs": {"bias_state": "b"}}]}]}],
+                "outputs": ["v1"]}}}
+    built = builder.build(spec)
+    from etprop.oracles import tolerance
+
+    reference = built.reference("forward", built.inputs("forward"), ulps=tolerance.op_ulps("executorch", "float32"))
+    spread = max(float((run[0] - reference.expected[0]).abs().max()) for run in reference.jittered)
+    assert spread > 0, "the perturbed runs left the scan body's quantized GEMM alone"

@@ -129,6 +129,7 @@ class _Perturbed(torch.fx.Interpreter):
     def __init__(self, module, mode: str, seed: int, budgets: dict):
         super().__init__(module)
         self.mode = mode
+        self.budgets = budgets
         self.generator = torch.Generator().manual_seed(seed)
         self.tie_steps = budgets["tie_steps"]
         self.dynamic_steps = budgets["dynamic_steps"]
@@ -142,7 +143,19 @@ class _Perturbed(torch.fx.Interpreter):
             return torch.zeros(tuple(shape))
         return torch.full(tuple(shape), 1.0 if self.mode == "up" else -1.0)
 
+    def _body(self, graph_module):
+        """A control-flow body run with the same perturbations (and the same
+        draws) as the graph that calls it."""
+        def run(*operands):
+            inner = _Perturbed(graph_module, self.mode, 0, self.budgets)
+            inner.generator, inner.unrounded = self.generator, self.unrounded
+            return inner.run(*operands)
+        return run
+
     def call_function(self, target, args, kwargs):
+        if isinstance(target, torch._ops.HigherOrderOperator):
+            args = tuple(self._body(a) if isinstance(a, torch.fx.GraphModule) else a for a in args)
+            return target(*args, **kwargs)
         quantize, dynamic, dequantize = _q_ops()
         if target in quantize:
             value, scale = args[0], args[1]
