@@ -134,7 +134,9 @@ class _Perturbed(torch.fx.Interpreter):
         self.tie_steps = budgets["tie_steps"]
         self.dynamic_steps = budgets["dynamic_steps"]
         self.float_ulps = budgets["quantized_float_ops"]
-        self.unrounded: dict[int, torch.Tensor] = {}
+        # id of a dynamic quantization's result -> (that result, its unrounded
+        # input); the result is kept so that its id is not reused by another.
+        self.unrounded: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
     def _signs(self, shape) -> torch.Tensor:
         if self.mode == "random":
@@ -161,13 +163,14 @@ class _Perturbed(torch.fx.Interpreter):
             value, scale = args[0], args[1]
             if self.mode == "float" and target in dynamic:
                 result = target(*args, **kwargs)
-                self.unrounded[id(result)] = value
+                self.unrounded[id(result)] = (result, value)
                 return result
             steps = self.dynamic_steps if target in dynamic else self.tie_steps
             moved = value + self._signs(value.shape) * steps * torch.as_tensor(scale, dtype=value.dtype)
             return target(moved, *args[1:], **kwargs)
         if target in dequantize:
-            found = self.unrounded.get(id(args[0]))
+            kept, found = self.unrounded.get(id(args[0]), (None, None))
+            found = found if kept is args[0] else None
             return found if found is not None else target(*args, **kwargs)
         result = target(*args, **kwargs)
         name = getattr(target, "__name__", str(target)).split(".")[0]
