@@ -122,6 +122,21 @@ def test_a_campaign_ends_within_its_budget_when_an_example_never_finishes(tmp_pa
         "processes of the stopped round are still running"
 
 
+def test_a_round_that_outlasts_the_budget_leaves_the_triage_share(tmp_path):
+    """A failure recorded while a round cannot end (one of its examples never
+    finishes) moves the round's end earlier, so shrinking still gets its share."""
+    artifacts = tmp_path / "a"
+    began = time.time()
+    result = etprop("fuzz", "--flow-module", BROKEN, "--flows", "test-broken-weights,test-never-finishes",
+                    "--minutes", "1.5", "--properties", "mixed_programs", "--workers", "2",
+                    "--artifacts", str(artifacts), timeout=400)
+    elapsed = time.time() - began
+    assert elapsed < 90 + 15, f"the campaign took {elapsed:.0f} s of a 90 s budget\n" + result.stdout[-2000:]
+    assert "stopped to leave the triage share of the budget" in result.stdout, result.stdout[-3000:]
+    spent = float(result.stdout.split("triage: ")[1].split(" s of")[0])
+    assert spent >= 10, result.stdout[-3000:]
+
+
 def _processes_with_env(entry: str) -> list[int]:
     found = []
     for environ in Path("/proc").glob("[0-9]*/environ"):

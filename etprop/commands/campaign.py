@@ -44,21 +44,27 @@ REPORT_SECONDS = 15
 PROGRESS_SECONDS = 60
 
 
-def run_until(command: list[str], until: float, env: dict | None = None) -> tuple[int | None, str]:
+def run_until(command: list[str], until, env: dict | None = None) -> tuple[int | None, str]:
     """Run ``command`` and stop it with all its children (xdist workers, lowering
-    workers) at ``until``: its exit code and output, or None if it was stopped."""
+    workers) at ``until`` (a time, or a function giving it, asked again every
+    second so the campaign can move it): its exit code and output, or None if
+    it was stopped."""
+    end = until if callable(until) else (lambda: until)
     process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                start_new_session=True)
-    try:
-        output, _ = process.communicate(timeout=max(0.0, until - time.time()))
-        return process.returncode, output
-    except subprocess.TimeoutExpired:
+    while True:
         try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        output, _ = process.communicate()
-        return None, output
+            output, _ = process.communicate(timeout=max(0.0, min(1.0, end() - time.time())))
+            return process.returncode, output
+        except subprocess.TimeoutExpired:
+            if time.time() < end():
+                continue
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            output, _ = process.communicate()
+            return None, output
 
 
 def properties_dir() -> Path:
@@ -128,6 +134,35 @@ class _Progress:
         self._thread.join()
 
 
+class _RoundClock:
+    """When a round stops. Exploration may use the whole budget until a
+    failure waits for triage; from then on (checked every few seconds, inside
+    a round too) it leaves the triage share, so a long round cannot starve
+    shrinking. The exploration deadline goes to the round through a file its
+    sessions read before each example."""
+
+    CHECK_SECONDS = 5
+
+    def __init__(self, path: Path, deadline: float, stop: float, margin: float, reserve: float, queued):
+        self.path, self.deadline, self.stop, self.margin, self.reserve = path, deadline, stop, margin, reserve
+        self.queued, self.reserved, self._checked = queued, False, 0.0
+        self.explore_until = deadline
+        self._check()
+
+    def _check(self) -> None:
+        self._checked = time.time()
+        if not self.reserved and self.reserve and self.queued():
+            self.reserved, self.explore_until = True, self.deadline - self.reserve
+        written = self.path.with_suffix(".new")
+        written.write_text(repr(self.explore_until - self.margin))
+        written.replace(self.path)
+
+    def round_end(self) -> float:
+        if not self.reserved and time.time() - self._checked >= self.CHECK_SECONDS:
+            self._check()
+        return min(self.stop, self.explore_until)
+
+
 def parse_shard(text: str) -> tuple[int, int]:
     try:
         index, count = (int(part) for part in text.split("/"))
@@ -167,10 +202,11 @@ class Campaign:
                    Path(args.artifacts), args.db, args.db_readonly, args.properties, args.flow_module,
                    not args.no_shrink)
 
-    def _env(self, deadline: float) -> dict:
+    def _env(self, deadline_file: Path) -> dict:
         env = dict(os.environ)
         env.update(ETPROP_FLOWS=",".join(self.flows), ETPROP_ARTIFACTS=str(self.artifacts.resolve()),
-                   ETPROP_PROFILE="fuzz-noshrink", ETPROP_RECORD_ONLY="1", ETPROP_DEADLINE=str(deadline),
+                   ETPROP_PROFILE="fuzz-noshrink", ETPROP_RECORD_ONLY="1",
+                   ETPROP_DEADLINE_FILE=str(deadline_file.resolve()),
                    ETPROP_DB=self.db or str((self.artifacts / "hypothesis-db").resolve()),
                    ETPROP_DB_READONLY=self.db_readonly, ETPROP_FLOW_MODULE=",".join(self.flow_modules))
         return env
@@ -224,22 +260,26 @@ class Campaign:
               + (f" or {self.examples} examples per property x flow" if self.examples else "")
               + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; artifacts {self.artifacts}")
         round_index = internal_rounds = 0
+        deadline_file = self.artifacts / "exploration-deadline"
         with _Progress(self.artifacts, started, self.minutes * 60):
             while True:
                 summary = Summary.load(self.artifacts)
-                # With failures queued, exploration leaves the triage share of the budget.
-                reserve = max(0.0, triage_budget - triage_spent) if self.shrink and self._queued(summary) else 0.0
-                explore_until = deadline - reserve
+                clock = _RoundClock(deadline_file, deadline, stop, margin,
+                                    max(0.0, triage_budget - triage_spent) if self.shrink else 0.0,
+                                    lambda: self._queued(Summary.load(self.artifacts)))
                 # Past this, a round would skip every example it draws.
-                if time.time() > explore_until - margin - 10:
+                if time.time() > clock.explore_until - margin - 10:
                     break
                 before, done = summary.total_examples(), summary.min_examples_per_cell()
                 if self.examples and done >= self.examples:
                     break
                 per_round = min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples else EXAMPLES_PER_ROUND
-                returncode, output = run_until(self._pytest_command(round_index, per_round), stop,
-                                               env=self._env(explore_until - margin))
-                if returncode is None:
+                returncode, output = run_until(self._pytest_command(round_index, per_round), clock.round_end,
+                                               env=self._env(deadline_file))
+                if returncode is None and clock.explore_until < stop:
+                    status = ("stopped to leave the triage share of the budget (the example under way is left "
+                              "pending)")
+                elif returncode is None:
                     status = "stopped at the end of the budget (the example under way is left pending)"
                 else:
                     status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(

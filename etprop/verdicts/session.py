@@ -59,6 +59,19 @@ def record_only() -> bool:
     return os.environ.get("ETPROP_RECORD_ONLY", "0") == "1"
 
 
+def _exploration_deadline() -> float | None:
+    """When a campaign stops starting examples: read from the file it names in
+    ETPROP_DEADLINE_FILE before each example, since the campaign moves it
+    earlier once failures wait for triage."""
+    path = os.environ.get("ETPROP_DEADLINE_FILE")
+    if not path:
+        return None
+    try:
+        return float(Path(path).read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def isolation_enabled() -> bool:
     return os.environ.get("ETPROP_ISOLATION", "1") != "0"
 
@@ -240,11 +253,11 @@ class Session:
         return ExampleResult(prop, spec, results)
 
     def check(self, spec: dict, flows: list, prop: str, oracles: list[Oracle]) -> ExampleResult | None:
-        deadline = os.environ.get("ETPROP_DEADLINE")
+        deadline = _exploration_deadline()
         key = (prop, tuple(f.name for f in flows))
         # Past the budget, new exploration stops; a property that has failed in
         # this process keeps running so Hypothesis can finish shrinking it.
-        if deadline and time.time() > float(deadline) and key not in self.failed:
+        if deadline is not None and time.time() > deadline and key not in self.failed:
             _label("not run: past the campaign's budget")
             return None
         result = self._attribute(spec, flows, prop, oracles, self._run(spec, flows, prop, oracles))
