@@ -381,3 +381,32 @@ def test_perturbed_runs_reach_into_control_flow_bodies():
     reference = built.reference("forward", built.inputs("forward"), ulps=tolerance.op_ulps("executorch", "float32"))
     spread = max(float((run[0] - reference.expected[0]).abs().max()) for run in reference.jittered)
     assert spread > 0, "the perturbed runs left the scan body's quantized GEMM alone"
+
+
+def test_a_subnormal_flushed_before_a_rounding_op_is_not_a_mismatch():
+    """ceil(softplus(-100)) is 1 in eager (a subnormal) and 0 where a backend
+    flushes subnormals: an unstable element, as in the float oracle; a whole
+    unit off elsewhere is still a mismatch."""
+    import torch
+
+    from etprop.oracles import tolerance
+
+    spec = {"format": QUANTIZED_FORMAT,
+            "quantization": {"scheme": "static_per_tensor", "modules": None, "calibration": 1},
+            "state": {},
+            "methods": {"forward": {
+                "inputs": [{"name": "x", "shape": [1, 4], "dtype": "float32"}],
+                "nodes": [{"id": "v0", "op": "hardtanh", "args": ["x"]},
+                          {"id": "v1", "op": "softplus", "args": ["x"], "attrs": {"threshold": 5.0}},
+                          {"id": "v2", "op": "ceil", "args": ["v1"]}],
+                "outputs": ["v0", "v2"]}}}
+    built = builder.build(spec)
+    inputs = (torch.tensor([[-100.0, -1.0, 0.5, 2.0]]),)
+    reference = built.reference("forward", inputs, ulps=tolerance.op_ulps("executorch", "float32"))
+    assert float(reference.expected[1][0, 0]) == 1.0
+    flushed = [t.clone() for t in reference.expected]
+    flushed[1][0, 0] = 0.0
+    assert tolerance.judge(reference, flushed).problem is None
+    wrong = [t.clone() for t in reference.expected]
+    wrong[1][0, 2] -= 1.0
+    assert tolerance.judge(reference, wrong).problem is not None

@@ -118,7 +118,8 @@ class _Perturbed(torch.fx.Interpreter):
       computes its own quantization parameters, so any element may round the
       other way);
     - each float op's result moves by u * ``float_ulps`` ulps (the float ops
-      around and between quantized patterns);
+      around and between quantized patterns), a subnormal result by the
+      smallest normal;
     - ``mode`` "float" (dynamic schemes only): dynamically quantized
       activations are not rounded at all, the limit of a backend that picks
       finer quantization parameters than the reference (XNNPACK quantizes
@@ -175,9 +176,13 @@ class _Perturbed(torch.fx.Interpreter):
         result = target(*args, **kwargs)
         name = getattr(target, "__name__", str(target)).split(".")[0]
         if isinstance(result, torch.Tensor) and result.is_floating_point() and name not in _EXACT:
-            eps = torch.finfo(result.dtype).eps
-            result = (result.double() + self._signs(result.shape).double() * self.float_ulps * eps
-                      * result.double().abs()).to(result.dtype)
+            info = torch.finfo(result.dtype)
+            wide = result.double()
+            # As in the float jitter: a subnormal, which a backend may flush to
+            # zero, moves by the smallest normal.
+            subnormal = (wide != 0) & (wide.abs() < info.tiny)
+            size = self.float_ulps * info.eps * wide.abs() + torch.where(subnormal, info.tiny, 0.0)
+            result = (wide + self._signs(result.shape).double() * size).to(result.dtype)
         return result
 
 
