@@ -46,6 +46,40 @@ def test_signature_keeps_the_kind_of_failure_and_blanks_what_varies_with_the_pro
         signature("coreai", "lowering error", "[lowering] FAILED (lowering error): KeyError: 'x'")
 
 
+def _functional_tensor_error(quoted_frames: int) -> str:
+    """A lowering error whose text quotes another traceback (torch.fx's
+    "Original traceback"), then the traceback of the raise itself."""
+    text = ("RuntimeError: Attempting to use FunctionalTensor on its own.\n\nWhile executing %scan\n"
+            "Original traceback:\n" + "".join(f'  File "<eval_with_key>.{i}", line 9, in forward\n    x\n'
+                                              for i in range(quoted_frames)))
+    raised = ('  File "torch/_ops.py", line 875, in __call__\n    return self._op(*args)\n'
+              '  File "torch/_subclasses/functional_tensor.py", line 286, in __torch_dispatch__\n'
+              '    raise RuntimeError(\n')
+    return "[lowering] FAILED (lowering error): " + text + "\n" + raised + text
+
+
+def test_signature_names_the_frame_that_raised_not_frames_the_message_quotes():
+    one, three = _functional_tensor_error(1), _functional_tensor_error(3)
+    assert signature("xnnpack", "lowering error", one) == signature("xnnpack", "lowering error", three)
+    assert "(in __torch_dispatch__)" in signature("xnnpack", "lowering error", one)
+
+
+def test_a_recorded_failure_keeps_the_signature_of_its_whole_message(tmp_path):
+    """The stored message is cut short; grouping uses the signature taken
+    from the whole one, so a rerun's failure matches its group."""
+    from etprop.oracles import Verdict
+    from etprop.verdicts.check import Artifacts, ExampleResult, FlowResult
+    from etprop.verdicts.outcomes import Outcome
+
+    message = _functional_tensor_error(60)
+    verdict = Verdict.failed("lowering", message.split("FAILED (lowering error): ", 1)[1], Outcome.LOWERING_ERROR)
+    failed = FlowResult("xnnpack", Outcome.LOWERING_ERROR, [verdict])
+    assert len(failed.message) > 2000
+    Artifacts(tmp_path).record(ExampleResult("mixed", _chain(["relu"]), [failed]))
+    (group,) = triage.Triage(tmp_path).groups(Summary.load(tmp_path).records).values()
+    assert group.signature == signature("xnnpack", "lowering error", failed.message)
+
+
 def test_canonical_form_ignores_names_and_seeds_but_not_the_program():
     spec = _chain(["relu", "tanh"])
     renamed = json.loads(json.dumps(spec).replace('"v0"', '"first"').replace('"x"', '"inp"'))

@@ -182,7 +182,7 @@ class Triage:
             for flow in record["flows"]:
                 if not Outcome(flow["outcome"]).is_failure or flow.get("known") or flow["outcome"] in NOT_TRIAGED:
                     continue
-                sig = signature(flow["flow"], flow["outcome"], flow["message"])
+                sig = flow.get("signature") or signature(flow["flow"], flow["outcome"], flow["message"])
                 key, seen = _short(sig), set()
                 while key not in seen:
                     seen.add(key)

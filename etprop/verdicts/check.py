@@ -30,6 +30,7 @@ from etprop.program import spec as specmod
 from etprop.flows.base import Flow
 from etprop.oracles import Verdict
 from etprop.verdicts.outcomes import Outcome
+from etprop.verdicts.signature import signature
 
 # An oracle reads one flow's lowering; ``lowerings`` holds every flow's
 # lowering of the same program (for differential checks).
@@ -118,7 +119,10 @@ class Artifacts:
                 "repro": str(result.repro) if result.repro else None,
                 "quantization": (result.spec.get("quantization") or {}).get("scheme"),
                 "flows": [{"flow": r.flow, "outcome": r.outcome.value, "known": r.known,
-                           "message": r.message[:2000]} for r in result.results]}
+                           "message": r.message[:2000],
+                           # From the whole message: the stored one is cut short.
+                           "signature": signature(r.flow, r.outcome.value, r.message)}
+                          for r in result.results]}
         with open(self.results_file, "a") as handle:
             handle.write(json.dumps(line) + "\n")
 

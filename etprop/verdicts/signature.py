@@ -34,7 +34,11 @@ def signature(flow: str, outcome: str, message: str) -> str:
         verdict = message.split("; [")[0][head.end() if head else 0:]
         # The exception's line and the innermost function the message names.
         lines = verdict.strip(" :").splitlines() or [""]
-        functions = _FUNCTION.findall(verdict)
+        # The frame that raised: the last one before the traceback's closing
+        # "<Type>: ..." line. Frames after it belong to tracebacks the
+        # exception's text quotes (torch.fx's "Original traceback").
+        closing = verdict.rfind("\n" + lines[0].split(":")[0] + ":")
+        functions = _FUNCTION.findall(verdict[:closing] if closing > 0 else verdict)
         first = lines[0] + (f" (in {functions[-1]})" if functions else "")
         blanked = _NAME_WITH_DIGITS.sub("…", _ADDRESS.sub("0x…", _QUOTED.sub("'…'", first)))
         detail = _NUMBER.sub("#", blanked)[:200]
