@@ -105,6 +105,23 @@ _EXACT = {"relu", "view", "reshape", "permute", "transpose", "t", "clone", "flat
           "neg", "abs", "maximum", "minimum", "floor", "ceil", "round", "expand", "contiguous", "_to_copy"}
 
 
+def _abs(tensor):
+    return tensor.double().abs()
+
+
+# Float ops whose textbook formula cancels terms, as a backend may compute
+# them: the size of those terms, from the op's arguments (the float jitter's
+# table, builder._TERMS, at the level of ATen ops).
+_TERMS = {
+    "gelu": lambda x, *rest: _abs(x),
+    "elu": lambda x, alpha=1.0, *rest: torch.full_like(_abs(x), abs(alpha)),
+    "softplus": lambda x, beta=1.0, *rest: torch.full_like(_abs(x), 1 / abs(beta)),
+    "hardswish": lambda x, *rest: _abs(x) * (_abs(x) + 3) / 6,
+    "hardsigmoid": lambda x, *rest: (_abs(x) + 3) / 6,
+    "log_softmax": lambda x, dim, *rest: _abs(x) + torch.logsumexp(x.double(), dim=dim, keepdim=True).abs(),
+}
+
+
 class _Perturbed(torch.fx.Interpreter):
     """The converted program run with the differences a correct quantized
     lowering may have from it (the bound is docs/tolerance.md's, with
@@ -118,8 +135,9 @@ class _Perturbed(torch.fx.Interpreter):
       computes its own quantization parameters, so any element may round the
       other way);
     - each float op's result moves by u * ``float_ulps`` ulps (the float ops
-      around and between quantized patterns), a subnormal result by the
-      smallest normal;
+      around and between quantized patterns), scaled by the terms an op's
+      textbook formula cancels (softplus, GELU, ...) as in the float jitter,
+      and a subnormal result by the smallest normal;
     - ``mode`` "float" (dynamic schemes only): dynamically quantized
       activations are not rounded at all, the limit of a backend that picks
       finer quantization parameters than the reference (XNNPACK quantizes
@@ -181,7 +199,9 @@ class _Perturbed(torch.fx.Interpreter):
             # As in the float jitter: a subnormal, which a backend may flush to
             # zero, moves by the smallest normal.
             subnormal = (wide != 0) & (wide.abs() < info.tiny)
-            size = self.float_ulps * info.eps * wide.abs() + torch.where(subnormal, info.tiny, 0.0)
+            terms = _TERMS[name](*args) if name in _TERMS else wide.abs()
+            size = self.float_ulps * info.eps * torch.maximum(wide.abs(), terms) \
+                + torch.where(subnormal, info.tiny, 0.0)
             result = (wide + self._signs(result.shape).double() * size).to(result.dtype)
         return result
 
