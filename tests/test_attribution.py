@@ -97,6 +97,7 @@ BROAD = {
     "EXIR-004": ("portable", _repro_spec("exir_bicubic_antialias_not_core_aten.json")),
     "XNN-011": ("xnnpack", _repro_spec("xnnpack_addmm_matrix_bias_first_row.json")),
     "COREAI-012": ("coreai", _repro_spec("coreai_nearest_downsample_half_pixel.json")),
+    "TORCHAO-006": ("portable", _repro_spec("torchao_pt2e_nested_cond.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 
@@ -146,7 +147,11 @@ def test_a_lead_nominates_nothing():
 
 
 def _state_changes(before: dict, after: dict) -> set[str]:
-    assert before.keys() == after.keys(), "a neutralization added or removed state"
+    """Names of changed state entries; an added entry must be a copy of an
+    existing one (a bias given its own tensor), and none may go."""
+    assert before.keys() <= after.keys(), "a neutralization removed state"
+    for name in after.keys() - before.keys():
+        assert after[name] in before.values(), f"added state {name} copies no entry"
     return {name for name in before if before[name] != after[name]}
 
 
@@ -212,6 +217,22 @@ def test_inlined_control_flow_computes_the_same_values():
         inputs = original.inputs(method)
         for want, got in zip(original.eager(method, inputs), rewritten.eager(method, inputs)):
             torch.testing.assert_close(got, want)
+
+
+def test_a_bias_of_its_own_computes_the_same_values():
+    """XNN-016's neutralization: the bias read from a copy of the weight's
+    state entry has the same values, in a separate tensor."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _repro_spec("xnnpack_addmm_bias_is_its_weight.json")
+    separate, changed = neutralize(spec, [{"rewrite": "bias_of_its_own", "ops": ["addmm"]}])
+    assert changed == 1 and len(separate["state"]) == len(spec["state"]) + 1
+    original, rewritten = builder.build(spec), builder.build(separate)
+    inputs = original.inputs("forward")
+    for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_loops_over_copies_compute_the_same_values():

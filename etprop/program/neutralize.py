@@ -134,7 +134,25 @@ def _quantize_folded_weights(spec: dict, rule: dict) -> int:
     return 1
 
 
+def _bias_of_its_own(spec: dict, rule: dict) -> int:
+    """A GEMM whose bias is its own weight tensor reads the bias from a copy of
+    that state entry instead (same kind, seed and shape: the same values)."""
+    changed = 0
+    for node in _nodes_of(spec, rule["ops"]):
+        attrs = node.get("attrs", {})
+        if node.get("state") is None or attrs.get("bias_state") != node["state"]:
+            continue
+        name = node["state"] + "_bias"
+        while name in spec["state"]:
+            name += "_"
+        spec["state"][name] = copy.deepcopy(spec["state"][node["state"]])
+        attrs["bias_state"] = name
+        changed += 1
+    return changed
+
+
 REWRITES: dict[str, Callable[[dict, dict], int]] = {
+    "bias_of_its_own": _bias_of_its_own,
     "quantize_folded_weights": _quantize_folded_weights,
     "set_attrs": _set_attrs,
     "drop_attrs": _drop_attrs,
