@@ -65,6 +65,28 @@ def test_shrink_reaches_the_smallest_program_that_keeps_the_failure():
     assert still_fails(smallest)
 
 
+def test_a_node_whose_producers_no_bypass_can_remove_is_read_from_a_new_input():
+    """The 'defect' needs an addmm whose bias is its weight; the amax feeding
+    it changes the rank, so no argument can stand in for it: a new input of
+    the amax's shape does, and the repro is the one addmm."""
+    spec = {"format": FORMAT, "state": {"w": {"kind": "weight", "shape": [1, 9], "seed": 2}},
+            "methods": {"forward": {
+                "inputs": [{"name": "x", "shape": [1, 1, 1], "dtype": "float32"}],
+                "nodes": [{"id": "a", "op": "amax", "args": ["x"], "attrs": {"dim": 1}},
+                          {"id": "b", "op": "addmm", "args": ["a"], "state": "w", "attrs": {"bias_state": "w"}}],
+                "outputs": ["b"]}}}
+
+    def still_fails(candidate):
+        return any(n["op"] == "addmm" and n.get("attrs", {}).get("bias_state") == n.get("state")
+                   for _, n in specmod.all_nodes(candidate))
+
+    smallest = shrink.shrink(spec, still_fails, log=lambda line: None)
+    forward = smallest["methods"]["forward"]
+    assert [n["op"] for n in forward["nodes"]] == ["addmm"]
+    assert [i["shape"] for i in forward["inputs"]] == [[1, 1]]
+    specmod.validate(smallest)
+
+
 def test_shrink_keeps_the_original_when_nothing_smaller_fails():
     spec = shrink.prune(_big_spec())
     assert shrink.shrink(spec, lambda candidate: candidate == spec, log=lambda line: None) == spec

@@ -151,6 +151,54 @@ def _node_removals(spec: dict) -> Iterator[tuple[str, dict]]:
                 yield f"bypass {node['op']} {node['id']} in {where} with {arg}", smaller
 
 
+_INPUT_DTYPES = ("float32", "float16", "bfloat16")
+
+
+def _node_values(spec: dict, method: str) -> dict:
+    """Eager values of a method's top-level nodes, by id ({} if the program
+    does not run): the shapes a cut's new input takes."""
+    import torch
+
+    from etprop.program import builder
+
+    probe = copy.deepcopy(spec)
+    body = probe["methods"][method]
+    body["outputs"] = list(dict.fromkeys(body["outputs"] + [node["id"] for node in body["nodes"]]))
+    try:
+        built = builder.build(probe, validate=False)
+        values = built.eager(method, built.inputs(method))
+    except Exception:
+        return {}
+    if len(values) != len(body["outputs"]):
+        return {}
+    return {name: value for name, value in zip(body["outputs"], values) if isinstance(value, torch.Tensor)}
+
+
+def _cuts(spec: dict) -> Iterator[tuple[str, dict]]:
+    """A node's value read from a new input of its shape and dtype instead:
+    the node and whatever only it needed go at once, and what reads it still
+    sees a tensor of the same shape (which bypassing by an argument may not
+    keep). Latest nodes first: they take the most with them."""
+    for method, body in spec["methods"].items():
+        if len(body["nodes"]) < 2:
+            continue
+        values = _node_values(spec, method)
+        names = {inp["name"] for inp in body["inputs"]}
+        for node in reversed(body["nodes"]):
+            value = values.get(node["id"])
+            dtype = str(getattr(value, "dtype", "")).removeprefix("torch.")
+            if value is None or dtype not in _INPUT_DTYPES or node["id"] in body["outputs"]:
+                continue
+            name = f"cut_{node['id']}"
+            while name in names:
+                name += "_"
+            smaller = copy.deepcopy(spec)
+            target = smaller["methods"][method]
+            target["inputs"].append({"name": name, "shape": list(value.shape), "dtype": dtype})
+            _bypass(target, next(n for n in target["nodes"] if n["id"] == node["id"]), name)
+            yield f"read {node['op']} {node['id']} of {method} from a new input {name}", smaller
+
+
 def _simplifications(spec: dict) -> Iterator[tuple[str, dict]]:
     """Same nodes, simpler program: float32 for a low-precision dtype, one
     input read in place of another of its shape, static shapes, smaller
@@ -225,6 +273,7 @@ def candidates(spec: dict) -> Iterator[tuple[str, dict]]:
                 del smaller["methods"][method]["outputs"][index]
                 yield f"drop output {out} of {method}", smaller
     yield from _node_removals(spec)
+    yield from _cuts(spec)
     for name, entry in spec.get("state", {}).items():
         for index, parametrization in enumerate(entry.get("parametrizations", [])):
             smaller = copy.deepcopy(spec)
