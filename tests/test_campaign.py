@@ -137,6 +137,31 @@ def test_a_round_that_outlasts_the_budget_leaves_the_triage_share(tmp_path):
     assert spent >= 10, result.stdout[-3000:]
 
 
+def test_budget_left_after_triage_goes_back_to_exploring(tmp_path, monkeypatch):
+    """Triage that shrinks every group early hands the rest of the budget back
+    to exploration (rounds and triage stand in: only the schedule is tested)."""
+    from etprop.commands import campaign
+
+    events, queued = [], {"now": False}
+
+    def fake_round(command, until, env=None):
+        events.append("round")
+        queued["now"] = queued["now"] or events.count("round") == 1  # the first round finds a failure
+        time.sleep(0.5)
+        return 0, ""
+
+    def fake_triage(self, until, stop):
+        events.append("triage")
+        queued["now"] = False
+
+    monkeypatch.setattr(campaign, "run_until", fake_round)
+    monkeypatch.setattr(campaign.Campaign, "_triage", fake_triage)
+    monkeypatch.setattr(campaign.Campaign, "_queued", lambda self, summary: queued["now"])
+    campaign.Campaign(["portable"], 0.75, 0, 1, (0, 1), tmp_path / "a").run()
+    assert events.count("triage") == 1 and events[0] == "round"
+    assert "round" in events[events.index("triage"):], "no exploration after triage ended early"
+
+
 def _processes_with_env(entry: str) -> list[int]:
     found = []
     for environ in Path("/proc").glob("[0-9]*/environ"):

@@ -262,47 +262,58 @@ class Campaign:
         round_index = internal_rounds = 0
         deadline_file = self.artifacts / "exploration-deadline"
         with _Progress(self.artifacts, started, self.minutes * 60):
+            # Explore, then triage what was found; budget left after triage
+            # (every group shrunk early) goes back to exploring.
             while True:
-                summary = Summary.load(self.artifacts)
-                clock = _RoundClock(deadline_file, deadline, stop, margin,
-                                    max(0.0, triage_budget - triage_spent) if self.shrink else 0.0,
-                                    lambda: self._queued(Summary.load(self.artifacts)))
-                # Past this, a round would skip every example it draws.
-                if time.time() > clock.explore_until - margin - 10:
-                    break
-                before, done = summary.total_examples(), summary.min_examples_per_cell()
-                if self.examples and done >= self.examples:
-                    break
-                per_round = min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples else EXAMPLES_PER_ROUND
-                returncode, output = run_until(self._pytest_command(round_index, per_round), clock.round_end,
-                                               env=self._env(deadline_file))
-                if returncode is None and clock.explore_until < stop:
-                    status = ("stopped to leave the triage share of the budget (the example under way is left "
-                              "pending)")
-                elif returncode is None:
-                    status = "stopped at the end of the budget (the example under way is left pending)"
-                else:
-                    status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
-                        returncode, f"pytest exit {returncode}")
-                    if returncode not in (0, 1, 5):
+                rounds_before, broken = round_index, False
+                while True:
+                    summary = Summary.load(self.artifacts)
+                    clock = _RoundClock(deadline_file, deadline, stop, margin,
+                                        max(0.0, triage_budget - triage_spent) if self.shrink else 0.0,
+                                        lambda: self._queued(Summary.load(self.artifacts)))
+                    # Past this, a round would skip every example it draws.
+                    if time.time() > clock.explore_until - margin - 10:
+                        break
+                    before, done = summary.total_examples(), summary.min_examples_per_cell()
+                    if self.examples and done >= self.examples:
+                        break
+                    per_round = (min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples
+                                 else EXAMPLES_PER_ROUND)
+                    returncode, output = run_until(self._pytest_command(round_index, per_round), clock.round_end,
+                                                   env=self._env(deadline_file))
+                    if returncode is None and clock.explore_until < stop:
+                        status = ("stopped to leave the triage share of the budget (the example under way is "
+                                  "left pending)")
+                    elif returncode is None:
+                        status = "stopped at the end of the budget (the example under way is left pending)"
+                    else:
+                        status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
+                            returncode, f"pytest exit {returncode}")
+                        if returncode not in (0, 1, 5):
+                            internal_rounds += 1
+                            print(output[-3000:])
+                    summary = Summary.load(self.artifacts)
+                    print(f"round {round_index}: {status}; " + progress_line(summary, time.time() - started,
+                                                                              self.minutes * 60), flush=True)
+                    round_index += 1
+                    if status == "found failures" and summary.total_examples() == before:
+                        # pytest failed without recording one example: the suite is broken, not a lowering.
                         internal_rounds += 1
                         print(output[-3000:])
-                summary = Summary.load(self.artifacts)
-                print(f"round {round_index}: {status}; " + progress_line(summary, time.time() - started,
-                                                                          self.minutes * 60), flush=True)
-                round_index += 1
-                if status == "found failures" and summary.total_examples() == before:
-                    # pytest failed without recording one example: the suite is broken, not a lowering.
-                    internal_rounds += 1
-                    print(output[-3000:])
+                        broken = True
+                        break
+                # A shrink step or the run placing a defect may take a minute past
+                # the time it starts: triage stops starting them that long before the end.
+                triage_until = deadline - margin
+                triaged = False
+                if self.shrink and time.time() < triage_until - 10 and triage_budget - triage_spent > 10 \
+                        and self._queued(Summary.load(self.artifacts)):
+                    began = time.time()
+                    self._triage(min(triage_until, began + triage_budget - triage_spent), stop)
+                    triage_spent += time.time() - began
+                    triaged = True
+                if broken or not triaged or round_index == rounds_before:
                     break
-            # A shrink step or the run placing a defect may take a minute past
-            # the time it starts: triage stops starting them that long before the end.
-            triage_until = deadline - margin
-            if self.shrink and time.time() < triage_until - 10 and self._queued(Summary.load(self.artifacts)):
-                began = time.time()
-                self._triage(min(triage_until, began + triage_budget), stop)
-                triage_spent += time.time() - began
         summary = Summary.load(self.artifacts)
         if self.shrink:
             print(f"triage: {triage_spent:.0f} s of {triage_budget:.0f} s allowed")
