@@ -248,6 +248,41 @@ class Campaign:
                 if line.startswith("triage "):
                     print("  " + line)
 
+    def _explore(self, clock_for, started: float) -> bool:
+        """Rounds until the exploration deadline (``clock_for()`` gives each
+        round its clock); False when the suite itself broke."""
+        while True:
+            summary = Summary.load(self.artifacts)
+            clock = clock_for()
+            # Past this, a round would skip every example it draws.
+            if time.time() > clock.explore_until - clock.margin - 10:
+                return True
+            before, done = summary.total_examples(), summary.min_examples_per_cell()
+            if self.examples and done >= self.examples:
+                return True
+            per_round = min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples else EXAMPLES_PER_ROUND
+            returncode, output = run_until(self._pytest_command(self._round, per_round), clock.round_end,
+                                           env=self._env(clock.path))
+            if returncode is None and clock.explore_until < clock.stop:
+                status = "stopped to leave the triage share of the budget (the example under way is left pending)"
+            elif returncode is None:
+                status = "stopped at the end of the budget (the example under way is left pending)"
+            else:
+                status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
+                    returncode, f"pytest exit {returncode}")
+                if returncode not in (0, 1, 5):
+                    self._internal_rounds += 1
+                    print(output[-3000:])
+            summary = Summary.load(self.artifacts)
+            print(f"round {self._round}: {status}; " + progress_line(summary, time.time() - started,
+                                                                      self.minutes * 60), flush=True)
+            self._round += 1
+            if status == "found failures" and summary.total_examples() == before:
+                # pytest failed without recording one example: the suite is broken, not a lowering.
+                self._internal_rounds += 1
+                print(output[-3000:])
+                return False
+
     def run(self) -> int:
         sys.stdout.reconfigure(line_buffering=True)
         self.artifacts.mkdir(parents=True, exist_ok=True)
@@ -259,60 +294,29 @@ class Campaign:
         print(f"etprop fuzz: flows {', '.join(self.flows)}; budget {self.minutes:g} min"
               + (f" or {self.examples} examples per property x flow" if self.examples else "")
               + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; artifacts {self.artifacts}")
-        round_index = internal_rounds = 0
-        deadline_file = self.artifacts / "exploration-deadline"
+        self._round = self._internal_rounds = 0
+
+        def clock_for() -> _RoundClock:
+            return _RoundClock(self.artifacts / "exploration-deadline", deadline, stop, margin,
+                               max(0.0, triage_budget - triage_spent) if self.shrink else 0.0,
+                               lambda: self._queued(Summary.load(self.artifacts)))
+
         with _Progress(self.artifacts, started, self.minutes * 60):
-            # Explore, then triage what was found; budget left after triage
-            # (every group shrunk early) goes back to exploring.
+            # Explore, then triage what was found; budget triage leaves (every
+            # group shrunk early) goes back to exploring.
             while True:
-                rounds_before, broken = round_index, False
-                while True:
-                    summary = Summary.load(self.artifacts)
-                    clock = _RoundClock(deadline_file, deadline, stop, margin,
-                                        max(0.0, triage_budget - triage_spent) if self.shrink else 0.0,
-                                        lambda: self._queued(Summary.load(self.artifacts)))
-                    # Past this, a round would skip every example it draws.
-                    if time.time() > clock.explore_until - margin - 10:
-                        break
-                    before, done = summary.total_examples(), summary.min_examples_per_cell()
-                    if self.examples and done >= self.examples:
-                        break
-                    per_round = (min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples
-                                 else EXAMPLES_PER_ROUND)
-                    returncode, output = run_until(self._pytest_command(round_index, per_round), clock.round_end,
-                                                   env=self._env(deadline_file))
-                    if returncode is None and clock.explore_until < stop:
-                        status = ("stopped to leave the triage share of the budget (the example under way is "
-                                  "left pending)")
-                    elif returncode is None:
-                        status = "stopped at the end of the budget (the example under way is left pending)"
-                    else:
-                        status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
-                            returncode, f"pytest exit {returncode}")
-                        if returncode not in (0, 1, 5):
-                            internal_rounds += 1
-                            print(output[-3000:])
-                    summary = Summary.load(self.artifacts)
-                    print(f"round {round_index}: {status}; " + progress_line(summary, time.time() - started,
-                                                                              self.minutes * 60), flush=True)
-                    round_index += 1
-                    if status == "found failures" and summary.total_examples() == before:
-                        # pytest failed without recording one example: the suite is broken, not a lowering.
-                        internal_rounds += 1
-                        print(output[-3000:])
-                        broken = True
-                        break
+                rounds_before = self._round
+                healthy = self._explore(clock_for, started)
                 # A shrink step or the run placing a defect may take a minute past
                 # the time it starts: triage stops starting them that long before the end.
                 triage_until = deadline - margin
-                triaged = False
-                if self.shrink and time.time() < triage_until - 10 and triage_budget - triage_spent > 10 \
-                        and self._queued(Summary.load(self.artifacts)):
-                    began = time.time()
-                    self._triage(min(triage_until, began + triage_budget - triage_spent), stop)
-                    triage_spent += time.time() - began
-                    triaged = True
-                if broken or not triaged or round_index == rounds_before:
+                if not (self.shrink and time.time() < triage_until - 10 and triage_budget - triage_spent > 10
+                        and self._queued(Summary.load(self.artifacts))):
+                    break
+                began = time.time()
+                self._triage(min(triage_until, began + triage_budget - triage_spent), stop)
+                triage_spent += time.time() - began
+                if not healthy or self._round == rounds_before:
                     break
         summary = Summary.load(self.artifacts)
         if self.shrink:
@@ -320,4 +324,4 @@ class Campaign:
         print(summary.text())
         paths = write_reports(summary, self.artifacts / "reports")
         print("reports: " + ", ".join(str(p) for p in paths))
-        return campaign_exit_code(summary, internal_rounds)
+        return campaign_exit_code(summary, self._internal_rounds)
