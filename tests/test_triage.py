@@ -258,3 +258,29 @@ def test_a_claim_left_by_a_stopped_worker_is_taken_over(tmp_path):
     (queue.directory("group") / "claim").write_text(f"{gone.pid} {__import__('socket').gethostname()}\n")
     assert queue.claim("group"), "a claim whose worker is gone still locks its group"
     assert not queue.claim("group"), "a live worker's claim was taken over"
+
+
+def test_one_defect_placed_twice_by_two_workers_is_listed_once(tmp_path):
+    """Two workers shrink two groups of one defect at once and each places
+    it: the defect another lists as seen elsewhere folds into it, and so does
+    one whose minimal program equals another's after renaming."""
+    place = triage.Triage(tmp_path)
+    spec = _chain(["relu", "tanh"])
+    renamed = json.loads(json.dumps(spec).replace('"v0"', '"first"'))
+
+    def placed(key, program, merged):
+        place.save(triage.Defect(key, f"{key} | lowering error | lowering | E", key, "lowering error", "mixed",
+                                 "export", {}, ["relu", "tanh"], 2, True, "E", merged=merged))
+        repro.write(place.directory(key) / "shrunk.json", program, ["portable"], "mixed", "lowering error", "E",
+                    script=False)
+
+    placed("aaaa", spec, ["bbbb"])
+    placed("bbbb", renamed, ["aaaa"])
+    placed("cccc", _chain(["sigmoid"]), [])
+    defects = place.defects()
+    assert set(defects) == {"aaaa", "cccc"} and defects["aaaa"].merged == ["bbbb"]
+    placed("dddd", _chain(["exp"]), [])
+    placed("eeee", _chain(["neg"]), ["dddd"])
+    defects = place.defects()
+    assert "dddd" not in defects and "dddd" in defects["eeee"].merged
+    assert defects["cccc"].merged == []

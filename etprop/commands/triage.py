@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
+from etprop.errors import UsageError
 from etprop.program import spec as specmod
 from etprop.verdicts import repro
 from etprop.verdicts.check import Artifacts
@@ -165,12 +166,39 @@ class Triage:
         return self.root / key
 
     def defects(self) -> dict[str, Defect]:
+        """Placed defects by key, one per defect (``_fold_duplicates``)."""
         found = {}
         for path in sorted(self.root.glob("*/defect.json")):
             try:
                 found[path.parent.name] = Defect(**json.loads(path.read_text()))
             except (OSError, ValueError, TypeError):
                 continue
+        return self._fold_duplicates(found)
+
+    def _minimal_program(self, key: str) -> Optional[str]:
+        try:
+            return canonical(repro.read(self.directory(key) / "shrunk.json")["spec"])
+        except (OSError, ValueError, KeyError, UsageError):
+            return None
+
+    def _fold_duplicates(self, found: dict[str, Defect]) -> dict[str, Defect]:
+        """Two triage workers shrinking two groups of one defect at once each
+        place it, before either can see the other's. A defect that another
+        one lists as seen elsewhere, or whose minimal program equals another's,
+        folds into it (between two such, the lower key keeps them)."""
+        programs = {key: self._minimal_program(key) for key, defect in found.items() if defect.reproduced}
+        for key in sorted(found):
+            mine = found[key]
+            for other_key, other in sorted(found.items()):
+                if other_key == key or not other.reproduced:
+                    continue
+                listed = key in other.merged and (other_key not in mine.merged or other_key < key)
+                same = programs.get(key) is not None and programs.get(key) == programs.get(other_key) \
+                    and other_key < key
+                if listed or same:
+                    other.merged = sorted(set(other.merged) | {key} | set(mine.merged) - {other_key})
+                    del found[key]
+                    break
         return found
 
     def groups(self, records: list[dict]) -> dict[str, Group]:
