@@ -100,7 +100,6 @@ def main() -> None:
     parser.add_argument("--max-nodes", type=int, default=40)
     parser.add_argument("--flows", default="")
     parser.add_argument("--no-isolation", action="store_true")
-    args = parser.parse_args()
     parser.add_argument("--families", default="float,quantized")
     args = parser.parse_args()
     chosen = [flowreg.get_available(n) for n in args.flows.split(",") if n] or \

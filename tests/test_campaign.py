@@ -16,6 +16,7 @@ from etprop.commands.report import Summary, write_reports
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = str(ROOT / "tests" / "fixtures" / "broken_flows.py")
+SLOW = str(ROOT / "tests" / "fixtures" / "slow_flows.py")
 
 
 def etprop(*args, timeout=900, **kwargs):
@@ -109,7 +110,7 @@ def test_a_campaign_ends_within_its_budget_when_an_example_never_finishes(tmp_pa
     and lowering workers, and left pending; the report is still written."""
     artifacts = tmp_path / "a"
     began = time.time()
-    result = etprop("fuzz", "--flow-module", BROKEN, "--flows", "test-never-finishes", "--minutes", "0.75",
+    result = etprop("fuzz", "--flow-module", SLOW, "--flows", "test-never-finishes", "--minutes", "0.75",
                     "--properties", "mixed_programs", "--workers", "2", "--artifacts", str(artifacts), timeout=300)
     elapsed = time.time() - began
     assert elapsed < 45 + 15, f"the campaign took {elapsed:.0f} s of a 45 s budget\n" + result.stdout[-2000:]
@@ -127,7 +128,8 @@ def test_a_round_that_outlasts_the_budget_leaves_the_triage_share(tmp_path):
     finishes) moves the round's end earlier, so shrinking still gets its share."""
     artifacts = tmp_path / "a"
     began = time.time()
-    result = etprop("fuzz", "--flow-module", BROKEN, "--flows", "test-broken-weights,test-never-finishes",
+    result = etprop("fuzz", "--flow-module", BROKEN, "--flow-module", SLOW,
+                    "--flows", "test-broken-weights,test-never-finishes",
                     "--minutes", "1.5", "--properties", "mixed_programs", "--workers", "2",
                     "--artifacts", str(artifacts), timeout=400)
     elapsed = time.time() - began
