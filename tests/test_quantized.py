@@ -412,3 +412,31 @@ def test_a_tiny_softplus_lost_before_a_rounding_op_is_not_a_mismatch(tiny_input)
     wrong = [t.clone() for t in reference.expected]
     wrong[1][0, 2] -= 1.0
     assert tolerance.judge(reference, wrong).problem is not None
+
+
+def test_reused_pattern_graphs_convert_a_program_exactly_as_fresh_exports_do():
+    """convert_pt2e's conv-batch-norm patterns, exported once and copied, give
+    the same converted program (code, constants, outputs) as exporting them
+    each time; the private torchao function is restored afterwards."""
+    import torch
+    from torchao.quantization.pt2e import qat_utils, utils
+
+    from etprop.program import quantize
+
+    spec = _gemm_chain()
+    spec["state"]["bn"] = {"kind": "layer", "type": "BatchNorm1d", "seed": 3,
+                           "kwargs": {"num_features": 16, "eps": 1e-3, "affine": True}}
+    spec["methods"]["forward"]["nodes"].append({"id": "v3", "op": "layer", "args": ["v2"], "state": "bn"})
+    spec["methods"]["forward"]["outputs"] = ["v3"]
+    original = utils._get_aten_graph_module_for_pattern
+    quantize._PATTERN_GRAPHS.clear()
+    fresh = builder.build(spec)
+    assert quantize._PATTERN_GRAPHS, "the program holds a batch norm, so convert_pt2e should export patterns"
+    reused = builder.build(spec)
+    assert utils._get_aten_graph_module_for_pattern is original is qat_utils._get_aten_graph_module_for_pattern
+    one, other = fresh.converted["forward"], reused.converted["forward"]
+    assert one.code == other.code
+    for (name, value), (_, again) in zip(one.state_dict().items(), other.state_dict().items()):
+        torch.testing.assert_close(value, again, rtol=0, atol=0, msg=name)
+    inputs = fresh.inputs("forward")
+    torch.testing.assert_close(one(*inputs), other(*inputs), rtol=0, atol=0)

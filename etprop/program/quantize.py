@@ -22,6 +22,8 @@ the reference: a lowering is judged against it, never against the float program.
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import functools
 
 import torch
@@ -81,6 +83,61 @@ def quantize_pt2e(method_module, example, calibration, scheme, modules, dynamic_
     return pt2e_steps(graph, calibration, scheme, modules)
 '''
 
+
+
+_PATTERN_GRAPHS: dict = {}
+
+
+def _pattern_key(pattern, example_inputs, is_cuda, kwargs):
+    """What an exported pattern graph depends on: the pattern's code and the
+    values it closes over, the inputs' shapes and dtypes; None when any part is
+    not plain (that pattern is exported afresh)."""
+    function = getattr(pattern, "fn", pattern) if isinstance(pattern, torch.nn.Module) else pattern
+    code = getattr(function, "__code__", None)
+    if code is None:
+        return None
+
+    def plain(value):
+        if isinstance(value, torch.Tensor):
+            return ("tensor", tuple(value.shape), value.dtype)
+        hash(value)
+        return value
+
+    try:
+        closure = tuple(plain(cell.cell_contents) for cell in function.__closure__ or ())
+        key = (code, closure, plain(function.__defaults__), tuple(plain(x) for x in example_inputs), is_cuda,
+               tuple(sorted((name, plain(value)) for name, value in kwargs.items())))
+        hash(key)
+    except (TypeError, ValueError):
+        return None
+    return key
+
+
+@contextlib.contextmanager
+def pattern_graphs_reused():
+    """While active, torchao exports each of its rewrite patterns once per
+    process. ``convert_pt2e`` exports about thirty conv-batch-norm pattern graphs
+    for every program that holds a batch norm (5 to 6 s a program, half a
+    quantized example's time), the same graphs every time; a copy of the first
+    export is what a fresh export would give. The function patched is private
+    to torchao, so it is restored on exit; standalone repros run unpatched."""
+    from torchao.quantization.pt2e import qat_utils, utils
+
+    original = utils._get_aten_graph_module_for_pattern
+
+    def reused(pattern, example_inputs, is_cuda=False, **kwargs):
+        key = _pattern_key(pattern, example_inputs, is_cuda, kwargs)
+        if key is None:
+            return original(pattern, example_inputs, is_cuda, **kwargs)
+        if key not in _PATTERN_GRAPHS:
+            _PATTERN_GRAPHS[key] = original(pattern, example_inputs, is_cuda, **kwargs)
+        return copy.deepcopy(_PATTERN_GRAPHS[key])
+
+    utils._get_aten_graph_module_for_pattern = qat_utils._get_aten_graph_module_for_pattern = reused
+    try:
+        yield
+    finally:
+        utils._get_aten_graph_module_for_pattern = qat_utils._get_aten_graph_module_for_pattern = original
 
 
 @functools.lru_cache(maxsize=None)
@@ -280,7 +337,9 @@ def quantized(built):
             raise QuantizationFailed("export", f"torch.export rejected method '{method}': "
                                                f"{type(exc).__name__}: {exc}") from exc
         try:
-            converted[method] = namespace["pt2e_steps"](graph, calibration, config["scheme"], config.get("modules"))
+            with pattern_graphs_reused():
+                converted[method] = namespace["pt2e_steps"](graph, calibration, config["scheme"],
+                                                            config.get("modules"))
         except Exception as exc:
             raise QuantizationFailed("pt2e", f"PT2E quantization ({config['scheme']}) of method '{method}' failed: "
                                              f"{type(exc).__name__}: {exc}\n{_innermost(exc)}") from exc
