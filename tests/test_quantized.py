@@ -440,3 +440,22 @@ def test_reused_pattern_graphs_convert_a_program_exactly_as_fresh_exports_do():
         torch.testing.assert_close(value, again, rtol=0, atol=0, msg=name)
     inputs = fresh.inputs("forward")
     torch.testing.assert_close(one(*inputs), other(*inputs), rtol=0, atol=0)
+
+
+def test_a_nan_entering_a_quantization_bounds_what_follows_by_every_integer_it_may_become(broken_flow):
+    """GroupNorm over two-element groups, statically quantized: on zero inputs
+    the quantized ``var + eps`` rounds to 0 and the converted program divides
+    0 by 0. A NaN has no int8 value: eager's cast and XNNPACK's pick different
+    ones. Elements fed by it are bounded by the ends of the int8 range; a
+    lowering that is wrong elsewhere still fails."""
+    spec = json.loads((FIXTURES / "quantized_nan_before_quantize.json").read_text())
+    built = builder.build(spec)
+    inputs = built.inputs("forward", "zeros")
+    from etprop.oracles import tolerance
+
+    reference = built.reference("forward", inputs, ulps=tolerance.op_ulps("executorch", "float32"))
+    up, down = reference.jittered[0][0], reference.jittered[1][0]
+    assert bool((up - down).abs().min() > 0.5), "the runs should take a NaN to both ends of the int8 range"
+    assert _equivalence(built, flows.get("xnnpack")).ok
+    broken = _equivalence(built, broken_flow)
+    assert not broken.ok and "mismatch" in broken.outcome.value, broken.message

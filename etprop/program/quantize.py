@@ -185,7 +185,8 @@ class _Perturbed(torch.fx.Interpreter):
     oracles/tolerance.py's constants):
 
     - each activation's value entering a static quantization moves by u *
-      ``tie_steps`` of its step, so elements that close to a rounding boundary
+      ``tie_steps`` of its step (a NaN, which has no integer, becomes the end
+      of the range u points to, or the zero point for u = 0), so elements that close to a rounding boundary
       round the other way (a backend's integer requantization, its int32 bias
       and its float32 scale products move values by about 0.02 steps); one
       entering a dynamic quantization moves by u * ``dynamic_steps`` (a backend
@@ -242,7 +243,15 @@ class _Perturbed(torch.fx.Interpreter):
                 self.unrounded[id(result)] = (result, value)
                 return result
             steps = self.dynamic_steps if target in dynamic else self.tie_steps
-            moved = value + self._signs(value.shape) * steps * torch.as_tensor(scale, dtype=value.dtype)
+            signs = self._signs(value.shape)
+            moved = value + signs * steps * torch.as_tensor(scale, dtype=value.dtype)
+            if target not in dynamic:
+                # A NaN has no integer: eager's cast and a backend's each pick
+                # one. The perturbed runs take the ends of the range (and, at
+                # random, the zero point), so what follows a NaN is bounded by
+                # what any choice gives.
+                ends = torch.where(signs > 0, float("inf"), torch.where(signs < 0, float("-inf"), 0.0))
+                moved = torch.where(value.isnan(), ends.to(value.dtype), moved)
             return target(moved, *args[1:], **kwargs)
         if target in dequantize:
             kept, found = self.unrounded.get(id(args[0]), (None, None))
