@@ -98,6 +98,7 @@ BROAD = {
     "XNN-011": ("xnnpack", _repro_spec("xnnpack_addmm_matrix_bias_first_row.json")),
     "COREAI-012": ("coreai", _repro_spec("coreai_nearest_downsample_half_pixel.json")),
     "TORCHAO-006": ("portable", _repro_spec("torchao_pt2e_nested_cond.json")),
+    "XNN-018": ("xnnpack", _repro_spec("xnnpack_quantized_shared_bias.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 
@@ -157,13 +158,16 @@ def _state_changes(before: dict, after: dict) -> set[str]:
 
 def _node_changes(before: dict, after: dict) -> dict[str, str]:
     """node id -> op, for every node whose attributes changed; ids, ops, args
-    and outputs must be the same in both."""
+    and outputs must be the same in both, and a node's state the same entry
+    or a new copy of it (a layer called at two places given one per call)."""
     old = {node["id"]: node for _, node in all_nodes(before)}
     new = {node["id"]: node for _, node in all_nodes(after)}
     assert old.keys() == new.keys(), "a neutralization added or removed a node"
     for node_id, node in old.items():
-        assert (node["op"], node.get("args"), node.get("state")) == \
-               (new[node_id]["op"], new[node_id].get("args"), new[node_id].get("state")), node_id
+        assert (node["op"], node.get("args")) == (new[node_id]["op"], new[node_id].get("args")), node_id
+        state, now = node.get("state"), new[node_id].get("state")
+        assert now == state or (now not in before["state"] and after["state"][now] == before["state"][state]), \
+            node_id
     for method in before["methods"]:
         assert before["methods"][method]["outputs"] == after["methods"][method]["outputs"]
     return {node_id: node["op"] for node_id, node in old.items()
@@ -229,6 +233,31 @@ def test_a_bias_of_its_own_computes_the_same_values():
     spec = _repro_spec("xnnpack_addmm_bias_is_its_weight.json")
     separate, changed = neutralize(spec, [{"rewrite": "bias_of_its_own", "ops": ["addmm"]}])
     assert changed == 1 and len(separate["state"]) == len(spec["state"]) + 1
+    original, rewritten = builder.build(spec), builder.build(separate)
+    inputs = original.inputs("forward")
+    for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_bias_per_use_computes_the_same_values():
+    """XNN-018's neutralization: the second GEMM reads a copy of the shared
+    bias, and a layer's second call a copy of the layer: the same values."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _repro_spec("xnnpack_quantized_shared_bias.json")
+    spec = {**spec, "format": "etprop-spec/1"}
+    spec.pop("quantization")
+    layer = {"kind": "layer", "type": "Linear", "seed": 9, "kwargs": {"in_features": 10, "out_features": 10}}
+    spec["state"]["l9"] = layer
+    nodes = spec["methods"]["forward"]["nodes"]
+    nodes += [{"id": "v8", "op": "layer", "args": ["x0"], "state": "l9"},
+              {"id": "v9", "op": "layer", "args": ["v8"], "state": "l9"}]
+    spec["methods"]["forward"]["outputs"] = ["v2", "v9"]
+    rules = [{"rewrite": "bias_per_use", "ops": ["linear"], "types": ["Linear"]}]
+    separate, changed = neutralize(spec, rules)
+    assert changed == 2 and len(separate["state"]) == len(spec["state"]) + 2
     original, rewritten = builder.build(spec), builder.build(separate)
     inputs = original.inputs("forward")
     for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):

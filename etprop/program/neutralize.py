@@ -23,6 +23,10 @@ Rewrites (``{"rewrite": NAME, ...}``):
   equivalent straight-line form (both branches and ``where``; an unrolled loop).
 - ``buffer_update_out_of_place``: every ``buffer_update`` computes the updated
   value without writing it back, and its buffer stops being mutable.
+- ``bias_per_use``: ``ops``, ``types``; every GEMM node of those ops after the
+  first that reads a bias state entry another node also reads gets a copy of
+  it, and every call of a layer of those types after the first gets a copy of
+  the layer (same seeds: the same values, no longer one tensor).
 - ``quantize_folded_weights``: a quantized program's computed weights are
   stored as their values before quantizing (``fold_computed_weights``): the
   same float program, whose weights PT2E no longer quantizes op by op.
@@ -151,8 +155,37 @@ def _bias_of_its_own(spec: dict, rule: dict) -> int:
     return changed
 
 
+def _copy_entry(spec: dict, name: str) -> str:
+    copied = name + "_use"
+    while copied in spec["state"]:
+        copied += "_"
+    spec["state"][copied] = copy.deepcopy(spec["state"][name])
+    return copied
+
+
+def _bias_per_use(spec: dict, rule: dict) -> int:
+    """Biases read by several GEMM nodes, and layers called at several
+    places, get one copy per use after the first."""
+    changed = 0
+    seen: set[str] = set()
+    for _, node in all_nodes(spec):
+        attrs = node.get("attrs", {})
+        if node["op"] in rule.get("ops", ()) and attrs.get("bias_state"):
+            if attrs["bias_state"] in seen:
+                attrs["bias_state"] = _copy_entry(spec, attrs["bias_state"])
+                changed += 1
+            seen.add(attrs["bias_state"])
+        elif node["op"] == "layer" and spec["state"][node["state"]].get("type") in rule.get("types", ()):
+            if node["state"] in seen:
+                node["state"] = _copy_entry(spec, node["state"])
+                changed += 1
+            seen.add(node["state"])
+    return changed
+
+
 REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "bias_of_its_own": _bias_of_its_own,
+    "bias_per_use": _bias_per_use,
     "quantize_folded_weights": _quantize_folded_weights,
     "set_attrs": _set_attrs,
     "drop_attrs": _drop_attrs,
