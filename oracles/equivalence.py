@@ -32,8 +32,9 @@ def check(lowering, runner=None, kinds=INPUT_KINDS_DEFAULT) -> Verdict:
     # mutable buffers across executions, and so does eager here, both starting
     # from the initial values the module was built with.
     sequence = built.stateful and getattr(runner, "keeps_state", True)
+    lowering.observed = []
     try:
-        return _run_all(built, runner, kinds, lowering.flow.runtime, sequence)
+        return _run_all(built, runner, kinds, lowering.flow.runtime, sequence, lowering.observed)
     finally:
         built.reset_state()
 
@@ -50,7 +51,7 @@ def cases(built, kinds=INPUT_KINDS_DEFAULT, sequence: bool | None = None):
             yield method, kind, inputs
 
 
-def _run_all(built, runner, kinds, runtime, sequence) -> Verdict:
+def _run_all(built, runner, kinds, runtime, sequence, observed: list) -> Verdict:
     checked = unstable = 0
     for method, kind, inputs in cases(built, kinds, sequence):
         with stages.timed("torch"):
@@ -62,6 +63,7 @@ def _run_all(built, runner, kinds, runtime, sequence) -> Verdict:
         except Exception as exc:
             return Verdict.failed(NAME, f"method '{method}' failed on {kind} inputs: "
                                         f"{type(exc).__name__}: {exc}", Outcome.RUN_ERROR)
+        observed.append((method, kind, [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in actual]))
         judgement = tolerance.judge(reference, actual, runtime)
         unstable += judgement.unstable
         if judgement.problem:

@@ -35,6 +35,9 @@ class Lowering:
     # Partitioner results recorded at partition time (see oracles/cycles.py).
     partitions: list = field(default_factory=list)
     seconds: dict[str, float] = field(default_factory=dict)
+    # What the runtime returned, per (method, input kind) the equivalence
+    # oracle checked: the campaign corpus mutation analysis scores.
+    observed: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:

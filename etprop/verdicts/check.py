@@ -36,6 +36,9 @@ from etprop.verdicts.signature import signature
 # lowering of the same program (for differential checks).
 Oracle = Callable[[pipeline.Lowering, dict], Verdict]
 
+# A flow's outputs larger than this (elements over all its cases) stay out of the corpus.
+CORPUS_MAX_ELEMENTS = 1_000_000
+
 
 @dataclass
 class FlowResult:
@@ -45,6 +48,9 @@ class FlowResult:
     known: Optional[str] = None   # id of the matching finding
     seconds: dict = field(default_factory=dict)
     pte_sha256: str = ""
+    # A passing flow's runtime outputs per (method, input kind), kept for the corpus.
+    outputs: list = field(default_factory=list)
+    runtime: str = ""
 
     @property
     def message(self) -> str:
@@ -125,6 +131,33 @@ class Artifacts:
                           for r in result.results]}
         with open(self.results_file, "a") as handle:
             handle.write(json.dumps(line) + "\n")
+        self._keep_in_corpus(result)
+
+    def _keep_in_corpus(self, result: ExampleResult) -> None:
+        """The spec and what each passing flow's runtime returned
+        (``corpus/``): mutation analysis scores a campaign on it without
+        lowering again (benchmarks/mutation_score.py). Large outputs are left out."""
+        import torch
+
+        flows = {r.flow: {"runtime": r.runtime, "cases": r.outputs} for r in result.results
+                 if r.outputs and sum(t.numel() for _, _, ts in r.outputs for t in ts
+                                      if isinstance(t, torch.Tensor)) <= CORPUS_MAX_ELEMENTS}
+        if not flows:
+            return
+        path = self.root / "corpus" / f"{result.prop}--{specmod.digest(result.spec)}.pt"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        entry = {"spec": result.spec, "property": result.prop, "recorded": time.time(),
+                 "seconds": result.seconds, "flows": flows}
+        if path.exists():  # the same program drawn for another flow: one entry, every flow's outputs
+            try:
+                earlier = torch.load(path, weights_only=False)
+                entry.update(recorded=earlier["recorded"], seconds=earlier["seconds"],
+                             flows={**earlier["flows"], **flows})
+            except Exception:
+                pass
+        partial = path.with_suffix(f".{os.getpid()}.part")
+        torch.save(entry, partial)
+        partial.replace(path)
 
 
 def _copy_export(exported: dict, built) -> dict:
@@ -152,7 +185,8 @@ def _flow_result(flow: Flow, lowering: pipeline.Lowering, oracles: list[Oracle],
     failed = [v for v in verdicts if not v.ok]
     outcome = failed[0].outcome if failed else Outcome.PASS
     return FlowResult(flow.name, outcome, verdicts, seconds=dict(lowering.seconds),
-                      pte_sha256=hashlib.sha256(lowering.pte).hexdigest())
+                      pte_sha256=hashlib.sha256(lowering.pte).hexdigest(),
+                      outputs=lowering.observed if outcome is Outcome.PASS else [], runtime=flow.runtime)
 
 
 def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],

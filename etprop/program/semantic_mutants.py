@@ -1,0 +1,341 @@
+"""The catalogue of semantic mutants: one per way a backend could get an op of
+the vocabulary wrong, generated from the vocabulary so no op is left out.
+
+A semantic mutant changes what one op computes in the eager reference (the
+backend's lowering is left as it was): the lowered outputs of a program that
+passed are then compared with the mutated program's reference by the suite's
+own oracle. If they differ, the campaign's corpus would have caught a backend
+with that defect: the mutant is killed. Kinds, each applied to every
+occurrence of the op in a program (a backend defect is not selective):
+
+- ``ignore_argument``: an argument the generator draws is reset to its
+  default (the backend ignores it);
+- ``misread_argument``: an argument without a default (a shape, dims, a
+  factor) given another value that fits, one that keeps the shape first;
+- ``relative``: the op is replaced by its nearest relative, same signature,
+  another function (``sum`` for ``mean``, ``floor`` for ``ceil``);
+- ``other_axis``: applied over another axis, one that keeps the shape first;
+- ``swap_operands``: the two operands of a binary op swapped;
+- ``swap_weight``: a GEMM's or binary op's parameter swapped with another
+  parameter of the same shape;
+- ``drop_operand``: the second operand (or a GEMM's bias) dropped.
+
+``ARGUMENTS`` lists, per op (and per layer type of the ``layer`` op), every
+argument the strategies draw with its default; ``tests/test_mutation.py``
+checks it against what the strategies actually draw.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+from typing import Iterator
+
+from etprop.program.spec import all_nodes
+from etprop.program.vocabulary import OPS, family
+
+REQUIRED = object()  # an argument without a default: no ignore_argument mutant
+
+_CONV = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+_POOL = {"kernel_size": REQUIRED, "stride": None, "padding": 0, "ceil_mode": False}
+_REDUCE = {"dim": REQUIRED, "keepdim": False}
+
+# Per spec op: argument -> default, for every argument a strategy draws.
+ARGUMENTS: dict[str, dict] = {
+    "linear": {}, "mm": {}, "bmm": {}, "matmul": {},
+    "conv1d": dict(_CONV), "conv2d": dict(_CONV),
+    "conv_transpose1d": {**_CONV, "output_padding": 0}, "conv_transpose2d": {**_CONV, "output_padding": 0},
+    "addmm": {"alpha": 1, "beta": 1},
+    "relu": {}, "sigmoid": {}, "tanh": {}, "silu": {}, "hardswish": {}, "hardsigmoid": {},
+    "gelu": {"approximate": "none"},
+    "hardtanh": {"min_val": -1.0, "max_val": 1.0},
+    "leaky_relu": {"negative_slope": 0.01},
+    "elu": {"alpha": 1.0},
+    "softplus": {"beta": 1.0, "threshold": 20.0},
+    "clamp": {"min": None, "max": None},
+    "abs": {}, "neg": {}, "square": {}, "sqrt_abs": {}, "exp_bounded": {}, "floor": {}, "ceil": {}, "round": {},
+    "via_float64": {}, "via_int64": {},
+    "add": {"alpha": 1}, "sub": {"alpha": 1}, "mul": {}, "div": {"rounding_mode": None},
+    "maximum": {}, "minimum": {},
+    "sum": dict(_REDUCE), "mean": dict(_REDUCE), "amax": dict(_REDUCE), "amin": dict(_REDUCE),
+    "var": {**_REDUCE, "correction": 1},
+    "softmax": {"dim": REQUIRED}, "log_softmax": {"dim": REQUIRED},
+    "reshape": {"shape": REQUIRED}, "permute": {"dims": REQUIRED},
+    "transpose": {"dim0": REQUIRED, "dim1": REQUIRED},
+    "flatten": {"start_dim": 0, "end_dim": -1},
+    "unsqueeze": {"dim": REQUIRED}, "squeeze": {"dim": REQUIRED},
+    "slice": {"dim": 0, "start": None, "end": None, "step": 1},
+    "cat": {"dim": 0},
+    "max_pool1d": {**_POOL, "dilation": 1}, "max_pool2d": {**_POOL, "dilation": 1},
+    "avg_pool1d": {**_POOL, "count_include_pad": True},
+    "avg_pool2d": {**_POOL, "count_include_pad": True, "divisor_override": None},
+    "adaptive_avg_pool2d": {"output_size": REQUIRED},
+    "interpolate": {"mode": "nearest", "size": REQUIRED, "scale_factor": REQUIRED, "align_corners": None,
+                    "recompute_scale_factor": None, "antialias": False},
+    "pixel_shuffle": {"upscale_factor": REQUIRED}, "pixel_unshuffle": {"downscale_factor": REQUIRED},
+}
+
+# Per layer type (the ``layer`` op): keyword argument -> default.
+_CONV_LAYER = {"in_channels": REQUIRED, "out_channels": REQUIRED, "kernel_size": REQUIRED, "stride": 1,
+               "padding": 0, "dilation": 1, "groups": 1, "bias": True, "padding_mode": "zeros"}
+LAYER_ARGUMENTS: dict[str, dict] = {
+    "Linear": {"in_features": REQUIRED, "out_features": REQUIRED, "bias": True},
+    "Conv1d": dict(_CONV_LAYER), "Conv2d": dict(_CONV_LAYER),
+    "ConvTranspose1d": {**_CONV_LAYER, "output_padding": 0},
+    "ConvTranspose2d": {**_CONV_LAYER, "output_padding": 0},
+    "LayerNorm": {"normalized_shape": REQUIRED, "eps": 1e-5, "elementwise_affine": True, "bias": True},
+    "GroupNorm": {"num_groups": REQUIRED, "num_channels": REQUIRED, "eps": 1e-5, "affine": True},
+    "BatchNorm1d": {"num_features": REQUIRED, "eps": 1e-5, "affine": True},
+    "BatchNorm2d": {"num_features": REQUIRED, "eps": 1e-5, "affine": True},
+}
+
+# Node attributes that are operands or neutralizations, not drawn arguments.
+OPERAND_ATTRS = frozenset({"bias_state", "scalar", "two_pass", "layer_norm_two_pass", "separate_bias", "by_index"})
+
+# The nearest relative of an op: same signature, another function.
+RELATIVES = {
+    "relu": "leaky_relu", "leaky_relu": "relu", "gelu": "silu", "silu": "gelu", "sigmoid": "hardsigmoid",
+    "hardsigmoid": "sigmoid", "tanh": "hardtanh", "hardtanh": "tanh", "hardswish": "silu", "elu": "leaky_relu",
+    "softplus": "relu", "abs": "relu", "neg": "abs", "square": "abs", "sqrt_abs": "abs", "exp_bounded": "tanh",
+    "floor": "ceil", "ceil": "floor", "round": "floor", "clamp": "hardtanh", "via_int64": "via_float64",
+    "via_float64": "via_int64",
+    "add": "sub", "sub": "add", "mul": "div", "div": "mul", "maximum": "minimum", "minimum": "maximum",
+    "sum": "mean", "mean": "sum", "amax": "amin", "amin": "amax", "var": "mean",
+    "softmax": "log_softmax", "log_softmax": "softmax",
+    "max_pool1d": "avg_pool1d", "avg_pool1d": "max_pool1d", "max_pool2d": "avg_pool2d", "avg_pool2d": "max_pool2d",
+    "pixel_shuffle": None, "pixel_unshuffle": None, "transpose": None, "permute": None,
+    "conv1d": "conv_transpose1d", "conv_transpose1d": "conv1d", "conv2d": "conv_transpose2d",
+    "conv_transpose2d": "conv2d", "mm": "matmul", "matmul": "mm", "bmm": "matmul", "linear": "matmul",
+}
+AXIS_OPS = ("sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "cat", "slice", "flatten")
+BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
+GEMMS_WITH_BIAS = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")
+STATE_OPERAND_OPS = BINARY + ("linear", "mm", "bmm", "matmul", "addmm", "conv1d", "conv2d", "conv_transpose1d",
+                              "conv_transpose2d")
+_IDENTITY = {"add": 0.0, "sub": 0.0, "mul": 1.0, "div": 1.0}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    op: str          # a spec op, or "layer:<Type>"
+    kind: str
+    detail: str = ""
+
+    @property
+    def name(self) -> str:
+        return " ".join(part for part in (self.op, self.kind, self.detail) if part)
+
+    @property
+    def family(self) -> str:
+        return "gemm" if self.op.startswith("layer:") and ("Conv" in self.op or "Linear" in self.op) else \
+            "normalization" if self.op.startswith("layer:") else family(self.op)
+
+    def applies_to(self, spec: dict) -> bool:
+        return bool(_targets(spec, self.op))
+
+    def variants(self, spec: dict) -> Iterator[dict]:
+        """Mutated copies of ``spec``, the preferred first (the caller keeps
+        the first that builds, preferring one whose output shapes are unchanged)."""
+        yield from _VARIANTS[self.kind](self, spec)
+
+
+def catalogue() -> list[Mutant]:
+    """Every semantic mutant of the vocabulary, in a stable order."""
+    mutants = []
+    for op in OPS:
+        if op in ("layer", "buffer_update"):
+            continue
+        mutants += [Mutant(op, "ignore_argument", name) for name, default in ARGUMENTS[op].items()
+                    if default is not REQUIRED]
+        mutants += [Mutant(op, "misread_argument", name) for name, default in ARGUMENTS[op].items()
+                    if default is REQUIRED]
+        if RELATIVES.get(op):
+            mutants.append(Mutant(op, "relative", RELATIVES[op]))
+        if op in AXIS_OPS:
+            mutants.append(Mutant(op, "other_axis"))
+        if op in ("sub", "div", "maximum", "minimum", "add", "mul"):
+            mutants.append(Mutant(op, "swap_operands"))
+        if op in STATE_OPERAND_OPS:
+            mutants.append(Mutant(op, "swap_weight"))
+        if op in BINARY or op in GEMMS_WITH_BIAS or op == "addmm":
+            mutants.append(Mutant(op, "drop_operand"))
+    for layer_type, arguments in LAYER_ARGUMENTS.items():
+        op = f"layer:{layer_type}"
+        mutants += [Mutant(op, "ignore_argument", name) for name, default in arguments.items()
+                    if default is not REQUIRED]
+        if "bias" in arguments or "affine" in arguments or "elementwise_affine" in arguments:
+            mutants.append(Mutant(op, "drop_operand"))
+        mutants.append(Mutant(op, "swap_weight"))
+    return mutants
+
+
+def _targets(spec: dict, op: str) -> list:
+    """(method, node) pairs of ``op``, or state names of a layer type."""
+    if op.startswith("layer:"):
+        layer_type = op.split(":", 1)[1]
+        return [name for name, entry in spec["state"].items()
+                if entry["kind"] == "layer" and entry["type"] == layer_type]
+    return [(method, node["id"]) for method, node in all_nodes(spec) if node["op"] == op]
+
+
+def _nodes(spec: dict, op: str) -> list[dict]:
+    return [node for _, node in all_nodes(spec) if node["op"] == op]
+
+
+def _ignore_argument(mutant: Mutant, spec: dict):
+    copied = copy.deepcopy(spec)
+    changed = False
+    if mutant.op.startswith("layer:"):
+        default = LAYER_ARGUMENTS[mutant.op.split(":", 1)[1]][mutant.detail]
+        for name in _targets(copied, mutant.op):
+            kwargs = copied["state"][name]["kwargs"]
+            if mutant.detail in kwargs and kwargs[mutant.detail] != default:
+                kwargs[mutant.detail] = default
+                changed = True
+    else:
+        default = ARGUMENTS[mutant.op][mutant.detail]
+        for node in _nodes(copied, mutant.op):
+            attrs = node.get("attrs", {})
+            if mutant.detail in attrs and attrs[mutant.detail] != default:
+                if default is None:
+                    del attrs[mutant.detail]
+                else:
+                    attrs[mutant.detail] = default
+                changed = True
+    if changed:
+        yield copied
+
+
+def _relative(mutant: Mutant, spec: dict):
+    copied = copy.deepcopy(spec)
+    accepted = set(ARGUMENTS.get(mutant.detail, {})) | OPERAND_ATTRS
+    for node in _nodes(copied, mutant.op):
+        node["op"] = mutant.detail
+        if "attrs" in node:
+            node["attrs"] = {k: v for k, v in node["attrs"].items() if k in accepted}
+    yield copied
+
+
+def _misread(value, attempt: int):
+    """The ``attempt``-th other value of an argument: a number moved, a list
+    reversed, rotated or moved; None when there are no more."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        steps = (1, -1, 2, -2)
+        return value + steps[attempt] if attempt < len(steps) else None
+    if isinstance(value, list) and value:
+        options = [value[::-1], value[1:] + value[:1], [v + 1 if isinstance(v, (int, float)) else v for v in value]]
+        return options[attempt] if attempt < len(options) else None
+    return None
+
+
+def _misread_argument(mutant: Mutant, spec: dict):
+    for attempt in range(4):
+        copied = copy.deepcopy(spec)
+        changed = False
+        for node in _nodes(copied, mutant.op):
+            attrs = node.get("attrs", {})
+            other = _misread(attrs.get(mutant.detail), attempt)
+            if other is not None and other != attrs[mutant.detail]:
+                attrs[mutant.detail] = other
+                changed = True
+        if changed:
+            yield copied
+
+
+def _other_axis(mutant: Mutant, spec: dict):
+    """Every node's axis moved by the same offset (1, then -1, then 2, ...)."""
+    attr = "start_dim" if mutant.op == "flatten" else "dim"
+    for offset in (1, -1, 2, -2, 3):
+        copied = copy.deepcopy(spec)
+        for node in _nodes(copied, mutant.op):
+            value = node.get("attrs", {}).get(attr)
+            if isinstance(value, int):
+                node["attrs"][attr] = value + offset
+            elif isinstance(value, list) and value:
+                node["attrs"][attr] = [d + offset for d in value]
+        yield copied
+
+
+def _swap_operands(mutant: Mutant, spec: dict):
+    copied = copy.deepcopy(spec)
+    changed = False
+    for node in _nodes(copied, mutant.op):
+        if len(node["args"]) == 2:
+            node["args"] = node["args"][::-1]
+            changed = True
+    if changed:
+        yield copied
+
+
+def _swap_weight(mutant: Mutant, spec: dict):
+    """Each target's parameter replaced by another state entry of the same
+    kind and shape (layers: another layer of the same type and arguments)."""
+    copied = copy.deepcopy(spec)
+    state = copied["state"]
+    changed = False
+
+    def twin(name):
+        entry = state[name]
+        for other, candidate in state.items():
+            if other == name or candidate["kind"] != entry["kind"]:
+                continue
+            if entry["kind"] == "layer":
+                if candidate["type"] == entry["type"] and candidate["kwargs"] == entry["kwargs"]:
+                    return other
+            elif candidate.get("shape") == entry.get("shape"):
+                return other
+        return None
+
+    if mutant.op.startswith("layer:"):
+        targets = {name: twin(name) for name in _targets(copied, mutant.op)}
+        for _, node in all_nodes(copied):
+            if node["op"] == "layer" and targets.get(node.get("state")):
+                node["state"] = targets[node["state"]]
+                changed = True
+    else:
+        for node in _nodes(copied, mutant.op):
+            other = twin(node["state"]) if node.get("state") in state else None
+            if other:
+                node["state"] = other
+                changed = True
+    if changed:
+        yield copied
+
+
+def _drop_operand(mutant: Mutant, spec: dict):
+    copied = copy.deepcopy(spec)
+    changed = False
+    if mutant.op.startswith("layer:"):
+        for name in _targets(copied, mutant.op):
+            entry = copied["state"][name]
+            for flag in ("bias", "affine", "elementwise_affine"):
+                if entry["kwargs"].get(flag, flag in LAYER_ARGUMENTS[entry["type"]]) and \
+                        flag in LAYER_ARGUMENTS[entry["type"]]:
+                    entry["kwargs"][flag] = False
+                    entry["parametrizations"] = [p for p in entry.get("parametrizations", [])
+                                                 if p.get("on", "weight") == "weight"]
+                    changed = True
+                    break
+    elif mutant.op == "addmm":
+        for node in _nodes(copied, mutant.op):
+            node.setdefault("attrs", {})["beta"] = 0.0
+            changed = True
+    elif mutant.op in GEMMS_WITH_BIAS:
+        for node in _nodes(copied, mutant.op):
+            if node.get("attrs", {}).pop("bias_state", None):
+                changed = True
+    else:
+        for node in _nodes(copied, mutant.op):
+            node["op"] = "add" if mutant.op in ("maximum", "minimum") else mutant.op
+            node["args"] = node["args"][:1]
+            node.pop("state", None)
+            node["attrs"] = {"scalar": _IDENTITY.get(mutant.op, 0.0)}
+            changed = True
+    if changed:
+        yield copied
+
+
+_VARIANTS = {"ignore_argument": _ignore_argument, "misread_argument": _misread_argument, "relative": _relative, "other_axis": _other_axis,
+             "swap_operands": _swap_operands, "swap_weight": _swap_weight, "drop_operand": _drop_operand}

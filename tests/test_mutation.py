@@ -1,0 +1,102 @@
+"""Mutation analysis of a campaign's corpus: the semantic mutant catalogue is
+generated from the whole vocabulary, a campaign keeps the lowered outputs it
+needs, and a mutant is killed only through the suite's own oracle."""
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from etprop import flows
+from etprop.oracles.sets import SINGLE_FLOW
+from etprop.program import semantic_mutants
+from etprop.program.semantic_mutants import ARGUMENTS, LAYER_ARGUMENTS, OPERAND_ATTRS, Mutant, catalogue
+from etprop.program.spec import FORMAT, all_nodes
+from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS
+from etprop.verdicts.check import Artifacts, finish, run_example
+from etprop.verdicts.mutation_score import load_corpus, score
+
+
+def test_every_op_of_the_vocabulary_has_its_arguments_listed():
+    assert set(OPS) - {"layer", "buffer_update"} == set(ARGUMENTS)
+    ops_in_catalogue = {m.op for m in catalogue()}
+    assert set(ARGUMENTS) <= ops_in_catalogue
+    assert {f"layer:{t}" for t in LAYER_ARGUMENTS} <= ops_in_catalogue
+
+
+def test_the_arguments_listed_are_every_argument_the_strategies_draw():
+    """Nothing the generator draws is left out of the catalogue by hand."""
+    from etprop.strategies.control_flow import control_flow_programs
+    from etprop.strategies.programs import computed_weight_programs, multi_method_programs, programs
+
+    drawn_attrs, drawn_kwargs = set(), set()
+
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(spec=st.one_of(programs(min_nodes=6, max_nodes=30), control_flow_programs(),
+                          computed_weight_programs(), multi_method_programs()))
+    def collect(spec):
+        for _, node in all_nodes(spec):
+            if node["op"] in CONTROL_FLOW_OPS or node["op"] in ("layer", "buffer_update"):
+                continue
+            drawn_attrs.update((node["op"], name) for name in node.get("attrs", {}) if name not in OPERAND_ATTRS)
+        for entry in spec["state"].values():
+            if entry["kind"] == "layer":
+                drawn_kwargs.update((entry["type"], name) for name in entry["kwargs"])
+
+    collect()
+    assert drawn_attrs and drawn_kwargs
+    missing = {(op, name) for op, name in drawn_attrs if name not in ARGUMENTS[op]}
+    missing |= {(t, name) for t, name in drawn_kwargs if name not in LAYER_ARGUMENTS[t]}
+    assert not missing, f"drawn but not in the mutant catalogue: {sorted(missing)}"
+
+
+def _corpus_spec():
+    """sub(x, y) -> mean over dim 1 -> relu, and add(x, y) beside it."""
+    inputs = [{"name": "x", "shape": [3, 4], "dtype": "float32"}, {"name": "y", "shape": [3, 4], "dtype": "float32"}]
+    return {"format": FORMAT, "state": {}, "methods": {"forward": {
+        "inputs": inputs,
+        "nodes": [{"id": "v0", "op": "sub", "args": ["x", "y"]},
+                  {"id": "v1", "op": "mean", "args": ["v0"], "attrs": {"dim": 1, "keepdim": True}},
+                  {"id": "v2", "op": "relu", "args": ["v1"]},
+                  {"id": "v3", "op": "add", "args": ["x", "y"]}],
+        "outputs": ["v2", "v3"]}}}
+
+
+def test_a_corpus_kills_visible_mutants_and_calls_invisible_ones_equivalent(tmp_path):
+    artifacts = Artifacts(tmp_path)
+    example = run_example(_corpus_spec(), [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
+    assert example.results[0].outcome.value == "pass"
+    finish(example, ["portable"], artifacts)
+    entries, skipped = load_corpus(tmp_path, None)
+    assert len(entries) == 1 and entries[0]["flows"]["portable"]["cases"]
+    mutants = [Mutant("sub", "swap_operands"), Mutant("add", "swap_operands"), Mutant("sub", "relative", "add"),
+               Mutant("mean", "other_axis"), Mutant("mean", "ignore_argument", "keepdim"),
+               Mutant("relu", "relative", "leaky_relu"), Mutant("conv2d", "ignore_argument", "stride")]
+    rows = {row["mutant"].name: row["status"] for row in score(entries, mutants, None)}
+    assert rows == {"sub swap_operands": "killed", "add swap_operands": "equivalent",
+                    "sub relative add": "killed", "mean other_axis": "killed",
+                    "mean ignore_argument keepdim": "killed", "relu relative leaky_relu": "killed",
+                    "conv2d ignore_argument stride": "never drawn"}
+
+
+def test_a_stored_output_that_already_has_the_mutants_fault_does_not_kill_it(tmp_path):
+    """The kill is the oracle's verdict on the stored outputs: outputs of a
+    lowering that computes the mutated program pass against its reference."""
+    mutated = _corpus_spec()
+    mutated["methods"]["forward"]["nodes"][0]["args"] = ["y", "x"]
+    artifacts = Artifacts(tmp_path)
+    example = run_example(mutated, [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
+    finish(example, ["portable"], artifacts)
+    entries, _ = load_corpus(tmp_path, None)
+    entries[0]["spec"] = _corpus_spec()  # the corpus claims the unmutated program
+    (row,) = score(entries, [Mutant("sub", "swap_operands")], None)
+    assert row["status"] == "survived"
+
+
+def test_mutant_variants_change_only_their_op():
+    spec = _corpus_spec()
+    (variant,) = list(Mutant("sub", "relative", "add").variants(spec))
+    ops = [node["op"] for _, node in all_nodes(variant)]
+    assert ops == ["add", "mean", "relu", "add"]
+    (misread,) = list(Mutant("mean", "misread_argument", "dim").variants(spec))[:1]
+    assert [n.get("attrs") for _, n in all_nodes(misread)][1] == {"dim": 2, "keepdim": True}
+    assert ARGUMENTS["mean"]["dim"] is semantic_mutants.REQUIRED
