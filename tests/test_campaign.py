@@ -282,3 +282,40 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
     image = Image.open(shot).convert("RGB")
     colors = image.getcolors(maxcolors=1_000_000)
     assert colors is not None and len(colors) > 20, "the screenshot is blank"
+
+
+def test_a_program_a_campaign_already_judged_is_not_judged_again(tmp_path, monkeypatch):
+    """Rounds are separate processes: the second sees what the first drew
+    (Hypothesis starts every round with the same simplest program) and
+    discards it, so the round's example is a new program."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from etprop import flows
+    from etprop.oracles.sets import SINGLE_FLOW
+    from etprop.verdicts.session import Session
+
+    monkeypatch.setenv("ETPROP_RECORD_ONLY", "1")
+    spec = {"format": "etprop-spec/1", "state": {}, "methods": {"forward": {
+        "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
+        "nodes": [{"id": "v0", "op": "relu", "args": ["x"]}], "outputs": ["v0"]}}}
+    ran = []
+
+    def one_round():
+        session = Session(tmp_path, isolated=False)
+
+        @settings(max_examples=1, database=None, deadline=None)
+        @given(negate=st.booleans())
+        def round_(negate):
+            drawn = json.loads(json.dumps(spec))
+            if negate:
+                drawn["methods"]["forward"]["nodes"][0]["op"] = "neg"
+            result = session.check(drawn, [flows.get("portable")], "mixed", SINGLE_FLOW)
+            ran.append(result.spec["methods"]["forward"]["nodes"][0]["op"])
+
+        round_()
+        session.close()
+
+    one_round()
+    one_round()
+    assert ran == ["relu", "neg"], ran

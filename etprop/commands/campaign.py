@@ -30,7 +30,10 @@ from etprop.errors import UsageError
 from etprop.commands.report import Summary, write_reports
 from etprop.verdicts.outcomes import Outcome
 
-EXAMPLES_PER_ROUND = 4
+# A time-budgeted round asks each property x flow item for this many examples
+# (times its share): every round visits every item, so what each gets is set by
+# the shares, not by the order items run in or which one fails first.
+EXAMPLES_PER_ROUND = 1
 # At most this share of the budget goes to shrinking and placing new failures.
 TRIAGE_SHARE = 1 / 3
 # Exploration stops starting examples, and triage shrink steps, this long
@@ -260,7 +263,8 @@ class Campaign:
             before, done = summary.total_examples(), summary.min_examples_per_cell()
             if self.examples and done >= self.examples:
                 return True
-            per_round = min(EXAMPLES_PER_ROUND, self.examples - done) if self.examples else EXAMPLES_PER_ROUND
+            # A campaign counted in examples asks for what is missing at once.
+            per_round = self.examples - done if self.examples else EXAMPLES_PER_ROUND
             returncode, output = run_until(self._pytest_command(self._round, per_round), clock.round_end,
                                            env=self._env(clock.path))
             if returncode is None and clock.explore_until < clock.stop:

@@ -70,8 +70,11 @@ def _register_profiles(config) -> None:
     # a 3 s-per-example property can take many minutes), fuzz shrinks it.
     settings.register_profile("ci", max_examples=3, derandomize=True, database=None,
                               phases=(Phase.explicit, Phase.reuse, Phase.generate), **common)
-    settings.register_profile("fuzz", max_examples=1_000_000, database=_database(config),
-                              phases=tuple(Phase), **common)
+    # A campaign skips programs it already judged (one is discarded per round
+    # at least: Hypothesis's simplest), so filtering is expected there.
+    settings.register_profile("fuzz", max_examples=1_000_000, database=_database(config), phases=tuple(Phase),
+                              **{**common, "suppress_health_check": [HealthCheck.differing_executors,
+                                                                     HealthCheck.filter_too_much]})
     settings.register_profile("fuzz-noshrink", settings.get_profile("fuzz"),
                               phases=(Phase.explicit, Phase.reuse, Phase.generate))
 

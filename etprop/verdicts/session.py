@@ -17,7 +17,7 @@ import re
 import time
 from pathlib import Path
 
-from hypothesis import event, note, target
+from hypothesis import assume, event, note, target
 from hypothesis.control import currently_in_test_context
 
 from etprop.lowering import stages
@@ -27,6 +27,7 @@ from etprop.lowering.isolation import Worker, WorkerDied, WorkerError
 from etprop.oracles import OracleFailure, Verdict
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.signature import signature
+from etprop.program.spec import digest as specdigest
 from etprop.lowering.pipeline import ExportFailed
 
 WORKER_PRELOAD = ["etprop.verdicts.worker_preload"]
@@ -91,6 +92,34 @@ class Session:
         self.flow_modules = flow_modules if flow_modules is not None else \
             [m for m in os.environ.get("ETPROP_FLOW_MODULE", "").split(",") if m]
         self._worker = Worker(self.flow_modules, WORKER_PRELOAD) if self.isolated else None
+        self._judged: set[tuple] | None = None
+
+    def _already_judged(self, spec: dict, flows: list, prop: str) -> bool:
+        """Whether this campaign already judged ``spec`` as drawn on these
+        flows for this property (any round, any worker: ``judged/`` on disk;
+        the result recorded may be of another program, a neutralized one).
+        Each round's first example is Hypothesis's simplest program, and a
+        round replays the examples the database keeps: judging them again
+        would spend the budget on what is known."""
+        import json
+
+        folder = self.artifacts.root / "judged"
+        if self._judged is None:
+            self._judged = set()
+            for path in folder.glob("*.jsonl"):
+                for line in path.read_text().splitlines():
+                    try:
+                        self._judged.add(tuple(json.loads(line)))
+                    except (ValueError, TypeError):
+                        continue
+        key = (prop, ",".join(f.name for f in flows), specdigest(spec))
+        if key in self._judged:
+            return True
+        self._judged.add(key)
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / self.artifacts.results_file.name, "a") as handle:
+            handle.write(json.dumps(list(key)) + "\n")
+        return False
 
     def available_flows(self) -> list[str]:
         """Flows available where examples run (the worker knows the entry
@@ -260,6 +289,9 @@ class Session:
         if deadline is not None and time.time() > deadline and key not in self.failed:
             _label("not run: past the campaign's budget")
             return None
+        if record_only() and currently_in_test_context() and self._already_judged(spec, flows, prop):
+            _label("skipped: already judged in this campaign")
+            assume(False)
         result = self._attribute(spec, flows, prop, oracles, self._run(spec, flows, prop, oracles))
         if result.new_failures:
             result = self._confirm(result.spec, flows, prop, oracles, result)
