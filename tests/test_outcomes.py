@@ -31,6 +31,20 @@ def test_a_lowering_error_is_not_classified_by_a_word_in_its_message(tiny_spec, 
     assert lowering.outcome is Outcome.LOWERING_ERROR, lowering.error
 
 
+def test_a_wrapped_lowering_error_names_its_cause_on_its_first_line(tiny_spec):
+    """ExecuTorch's pass manager re-raises any pass's error as "An error
+    occurred when running the '...' pass": the signature triage groups by is
+    taken from the first line, which must name the underlying error."""
+    from etprop.verdicts.signature import signature
+
+    lowering = pipeline.lower(builder.build(tiny_spec), _raising_flow("planted index problem"))
+    first = lowering.error.splitlines()[0]
+    assert "An error occurred when running" in first and "(cause: RuntimeError: planted index problem in fail)" in first
+    other = pipeline.lower(builder.build(tiny_spec), _raising_flow("another problem"))
+    assert signature("portable", "lowering error", lowering.error) != \
+        signature("portable", "lowering error", other.error)
+
+
 def test_only_the_emitters_while_loop_limitation_is_unsupported(while_loop_spec):
     lowering = pipeline.lower(builder.build(while_loop_spec), flows.get("portable"))
     assert lowering.outcome is Outcome.UNSUPPORTED, lowering.error

@@ -160,8 +160,24 @@ def lower(built: BuiltProgram, flow: Flow, exported: Optional[dict] = None) -> L
             lowering.outcome = _classify_lowering_error(exc, stage, lowering)
             if stage == "to_executorch":
                 lowering.error = "to_executorch: "
-            lowering.error += f"{type(exc).__name__}: {exc}\n{_short_traceback(exc)}"
+            first, _, rest = str(exc).partition("\n")
+            lowering.error += f"{type(exc).__name__}: {first}{_cause(exc)}" + (f"\n{rest}" if rest else "") \
+                + f"\n{_short_traceback(exc)}"
     return lowering
+
+
+def _cause(exc: BaseException) -> str:
+    """The innermost exception a wrapper re-raised from, on the message's
+    first line: ExecuTorch's pass manager says only which pass failed, and
+    failures of one pass for different reasons are different defects."""
+    inner = exc
+    while inner.__cause__ is not None:
+        inner = inner.__cause__
+    if inner is exc:
+        return ""
+    frames = traceback.extract_tb(inner.__traceback__)
+    where = f" in {frames[-1].name}" if frames else ""
+    return f" (cause: {type(inner).__name__}: {str(inner).splitlines()[0] if str(inner) else ''}{where})"
 
 
 def _short_traceback(exc: BaseException, limit: int = 6) -> str:
