@@ -54,10 +54,18 @@ def report(rows: list[dict], entries: list[dict], skipped: Counter, catalogue_si
             done = sum(r["status"] == "killed" for r in group)
             print(f"| {name} | {done} | {len(group)} | {done / len(group):.0%} |")
     survivors = [r for r in counted if r["status"] != "killed"]
+    reached = [r for r in counted if r["status"] in ("killed", "survived")]
+    print(f"\nof the mutants some corpus program could show (not equivalent, drawn): "
+          f"{len(killed)} / {len(reached)} killed")
     print(f"\nsurvivors ({len(survivors)}):")
     for row in survivors:
-        why = ("no corpus program holds the op" if row["status"] == "never drawn"
-               else f"changes the float64 result of some of {row['programs']} programs; no stored output fails")
+        if row["status"] != "never drawn":
+            why = f"changes the float64 result of some of {row['programs']} programs; no stored output fails"
+        elif row["programs"]:
+            why = (f"{row['programs']} programs hold the op, none in a form the mutant changes "
+                   "(the argument at its default, no twin operand or weight)")
+        else:
+            why = "no corpus program holds the op"
         print(f"- {row['mutant'].name} [{row['dtype']}]: {why}")
 
 
