@@ -85,7 +85,10 @@ def main() -> None:
     print(f"vocabulary: {len({m.op for m in mutants})} ops and layer types, {len(mutants)} semantic mutants; "
           f"corpus {len(entries)} programs")
     started = time.time()
-    rows = score(entries, mutants, args.limit)
+    rows = score(entries, mutants, args.limit, progress=lambda row: print(
+        f"  {row['mutant'].name} [{row['dtype']}]: {row['status']}"
+        + (f" by example {row['examples']} on {', '.join(row['flows'])}" if row["status"] == "killed"
+           else f" ({row['programs']} programs hold it)"), flush=True))
     report(rows, entries, skipped, len(mutants), "python " + " ".join(sys.argv))
     print(f"scored in {time.time() - started:.0f} s")
 

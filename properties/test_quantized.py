@@ -7,9 +7,8 @@ its quantization bound, delegates its quantized GEMMs where the flow promises
 to, and keeps every structural promise.
 
 In a campaign the XNNPACK item of each scheme draws four times a float
-property's examples (one program fills three scheme x flow cells), so every
-such cell gets 20 or more in a default 30-minute campaign: quantized programs
-are about two fifths of a campaign's examples."""
+property's examples per round (one program fills its scheme's three XNNPACK
+flow cells): quantized programs are about two fifths of a round's examples."""
 
 import pytest
 from hypothesis import given

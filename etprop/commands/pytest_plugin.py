@@ -73,8 +73,8 @@ def _register_profiles(config) -> None:
     # A campaign skips programs it already judged (one is discarded per round
     # at least: Hypothesis's simplest), so filtering is expected there.
     settings.register_profile("fuzz", max_examples=1_000_000, database=_database(config), phases=tuple(Phase),
-                              **{**common, "suppress_health_check": [HealthCheck.differing_executors,
-                                                                     HealthCheck.filter_too_much]})
+                              **{**common, "suppress_health_check": common["suppress_health_check"]
+                                 + [HealthCheck.filter_too_much]})
     settings.register_profile("fuzz-noshrink", settings.get_profile("fuzz"),
                               phases=(Phase.explicit, Phase.reuse, Phase.generate))
 

@@ -117,8 +117,8 @@ def _pattern_key(pattern, example_inputs, is_cuda, kwargs):
 def pattern_graphs_reused():
     """While active, torchao exports each of its rewrite patterns once per
     process. ``convert_pt2e`` exports about thirty conv-batch-norm pattern graphs
-    for every program that holds a batch norm (5 to 6 s a program, half a
-    quantized example's time), the same graphs every time; a copy of the first
+    for every program that holds a batch norm (13 s of one such program's 14 s
+    build), the same graphs every time; a copy of the first
     export is what a fresh export would give. The function patched is private
     to torchao, so it is restored on exit; standalone repros run unpatched."""
     from torchao.quantization.pt2e import qat_utils, utils
@@ -186,10 +186,10 @@ class _Perturbed(torch.fx.Interpreter):
 
     - each activation's value entering a static quantization moves by u *
       ``tie_steps`` of its step (a NaN, which has no integer, becomes the end
-      of the range u points to, or the zero point for u = 0), so elements that close to a rounding boundary
-      round the other way (a backend's integer requantization, its int32 bias
-      and its float32 scale products move values by about 0.02 steps); one
-      entering a dynamic quantization moves by u * ``dynamic_steps`` (a backend
+      of the range u points to, or the zero point for u = 0), so elements
+      that close to a rounding boundary round the other way (a backend's
+      integer requantization, its int32 bias and its float32 scale products
+      move values by about 0.02 steps); one entering a dynamic quantization moves by u * ``dynamic_steps`` (a backend
       computes its own quantization parameters, so any element may round the
       other way);
     - each float op's result moves by u * ``float_ulps`` ulps (the float ops

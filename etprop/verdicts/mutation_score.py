@@ -120,8 +120,9 @@ def killed_by(program: Program, built) -> list[str]:
     return flows
 
 
-def score(entries: list[dict], catalogue: list, limit: int | None) -> list[dict]:
-    """One row per (mutant, dtype) the catalogue and the corpus's dtypes give."""
+def score(entries: list[dict], catalogue: list, limit: int | None, progress=None) -> list[dict]:
+    """One row per (mutant, dtype) the catalogue and the corpus's dtypes give;
+    ``progress`` is called with each row as it is decided."""
     programs: dict[int, Program] = {}
     dtypes = sorted({e["spec"].get("dtype", "float32") for e in entries})
     rows = []
@@ -131,14 +132,13 @@ def score(entries: list[dict], catalogue: list, limit: int | None) -> list[dict]
             for entry in entries:
                 if entry["spec"].get("dtype", "float32") != dtype or not mutant.applies_to(entry["spec"]):
                     continue
-                row["programs"] += 1
-                if limit and row["programs"] > limit:
+                if limit and row["programs"] >= limit:
                     break
+                row["programs"] += 1
                 if entry["index"] not in programs:
                     try:
                         programs[entry["index"]] = Program(entry)
-                    except Exception as exc:  # a corpus program that no longer builds
-                        row.setdefault("errors", []).append(f"{type(exc).__name__}: {exc}")
+                    except Exception:  # a corpus program this version no longer builds: it shows nothing
                         continue
                 program = programs[entry["index"]]
                 built, visible = mutated(program, mutant)
@@ -154,7 +154,6 @@ def score(entries: list[dict], catalogue: list, limit: int | None) -> list[dict]
                     row.update(status="killed", flows=flows, examples=entry["index"], seconds=entry["offset"])
                     break
             rows.append(row)
-            print(f"  {mutant.name} [{dtype}]: {row['status']}"
-                  + (f" by example {row['examples']} on {', '.join(row['flows'])}" if row["status"] == "killed"
-                     else f" ({row['programs']} programs hold it)"), flush=True)
+            if progress:
+                progress(row)
     return rows
