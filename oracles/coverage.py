@@ -75,16 +75,12 @@ _MATMULS = {"linear", "addmm", "mm", "bmm", "matmul"}
 _MATMUL_KIND = "matrix product (" + "/".join(sorted(_MATMULS)) + ")"
 
 
-def regressions(base, candidate) -> dict:
-    """Ops the candidate leaves outside delegates more often than the baseline."""
-    def grouped(counts: Counter) -> Counter:
-        result: Counter = Counter()
-        for op, n in counts.items():
-            result[_MATMUL_KIND if op in _MATMULS else op] += n
-        return result
-
-    before, after = grouped(portable_ops(base)), grouped(portable_ops(candidate))
-    return {op: f"{before.get(op, 0)} -> {n}" for op, n in after.items() if n > before.get(op, 0)}
+def grouped(counts: Counter) -> Counter:
+    """Ops outside delegates, every matrix product counted as one kind."""
+    result: Counter = Counter()
+    for op, n in counts.items():
+        result[_MATMUL_KIND if op in _MATMULS else op] += n
+    return result
 
 
 def _static_inputs(program) -> set[str]:
@@ -96,10 +92,18 @@ def _static_inputs(program) -> set[str]:
 _DEQUANTIZE = {"dequantize_per_tensor", "dequantize_per_channel"}
 
 
-def _source_kind(node, static: set[str], depth: int = 0) -> str:
+def _source_kind(node, static: set[str], depth: int = 0, known: dict | None = None) -> str:
     """'static' (a parameter through views), 'quantized' (dequantized from a
     static tensor), 'computed' (only from static tensors), or 'dynamic'
-    (depends on a user input)."""
+    (depends on a user input). Each node is classified once per call: an
+    unrolled loop reaches its nodes along exponentially many paths."""
+    known = {} if known is None else known
+    if node not in known:
+        known[node] = _classify(node, static, depth, known)
+    return known[node]
+
+
+def _classify(node, static: set[str], depth: int, known: dict) -> str:
     if node.op == "placeholder":
         return "static" if node.name in static else "dynamic"
     if node.op == "get_attr":
@@ -108,12 +112,12 @@ def _source_kind(node, static: set[str], depth: int = 0) -> str:
         return "dynamic"
     # Positional operands only: after to_executorch, ``out=`` kwargs name alloc nodes.
     operands = [arg for arg in node.args if isinstance(arg, torch.fx.Node)]
-    kinds = {_source_kind(arg, static, depth + 1) for arg in operands}
+    kinds = {_source_kind(arg, static, depth + 1, known) for arg in operands}
     if "dynamic" in kinds or not kinds:
         return "dynamic"
     if len(kinds) == 1 and kinds <= {"static", "quantized"} and op_name(node) in _VIEWS:
         return kinds.pop()
-    if op_name(node) in _DEQUANTIZE and _source_kind(operands[0], static, depth + 1) == "static":
+    if op_name(node) in _DEQUANTIZE and _source_kind(operands[0], static, depth + 1, known) == "static":
         return "quantized"
     return "computed"
 

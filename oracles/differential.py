@@ -79,6 +79,38 @@ def multifunction_excess(base, lowering) -> str | None:
     return None
 
 
+def facts(lowering) -> dict:
+    """What the comparison reads of one lowering, as plain data: a lowering in
+    another Python environment sends these (etprop/commands/env_worker.py)."""
+    from etprop.oracles import coverage
+
+    return {"flow": lowering.flow.name, "pte_bytes": len(lowering.pte),
+            "delegate_calls": coverage.delegate_calls(lowering),
+            "portable_ops": dict(coverage.grouped(coverage.portable_ops(lowering))),
+            "binding_bytes": _binding_bytes(lowering)}
+
+
+def compare_facts(base: dict, candidate: dict) -> Verdict:
+    """The candidate's lowering against the baseline's, from their facts."""
+    grown = candidate["pte_bytes"] - base["pte_bytes"]
+    extra_delegates = max(candidate["delegate_calls"] - base["delegate_calls"], 0)
+    bindings = candidate.get("binding_bytes", 0) - base.get("binding_bytes", 0)
+    allowed = SIZE_SLACK_BYTES + extra_delegates * DELEGATE_OVERHEAD_BYTES + max(bindings, 0)
+    if grown > allowed:
+        return Verdict.failed(NAME, f".pte grew: {candidate['flow']} {candidate['pte_bytes']} bytes vs "
+                                    f"{base['flow']} {base['pte_bytes']} bytes (+{grown}; allowed {allowed}: slack "
+                                    f"{SIZE_SLACK_BYTES} + {extra_delegates} more delegates x "
+                                    f"{DELEGATE_OVERHEAD_BYTES} + {max(bindings, 0)} bytes of manifest bindings)",
+                              Outcome.VIOLATION, candidate_bytes=candidate["pte_bytes"],
+                              baseline_bytes=base["pte_bytes"])
+    before, after = base["portable_ops"], candidate["portable_ops"]
+    worse = {op: f"{before.get(op, 0)} -> {n}" for op, n in after.items() if n > before.get(op, 0)}
+    if worse:
+        return Verdict.failed(NAME, f"{candidate['flow']} leaves more ops outside delegates than "
+                                    f"{base['flow']}: {worse}", Outcome.VIOLATION)
+    return Verdict.passed(NAME, f"{candidate['pte_bytes']} vs {base['pte_bytes']} bytes; coverage not worse")
+
+
 def check(lowering, lowerings) -> Verdict:
     """``lowerings`` lists the baseline first; the candidate is any later one."""
     base = next(iter(lowerings.values()))
@@ -89,25 +121,11 @@ def check(lowering, lowerings) -> Verdict:
     if not lowering.ok:
         return Verdict.failed(NAME, f"{base.flow.name} lowers this program but {lowering.flow.name} "
                                     f"fails: {lowering.error.splitlines()[0]}", lowering.outcome)
-    from etprop.oracles import coverage
-
-    grown = len(lowering.pte) - len(base.pte)
-    extra_delegates = max(coverage.delegate_calls(lowering) - coverage.delegate_calls(base), 0)
-    bindings = _binding_bytes(lowering) - _binding_bytes(base)
-    allowed = SIZE_SLACK_BYTES + extra_delegates * DELEGATE_OVERHEAD_BYTES + max(bindings, 0)
-    if grown > allowed:
-        return Verdict.failed(NAME, f".pte grew: {lowering.flow.name} {len(lowering.pte)} bytes vs "
-                                    f"{base.flow.name} {len(base.pte)} bytes (+{grown}; allowed {allowed}: slack "
-                                    f"{SIZE_SLACK_BYTES} + {extra_delegates} more delegates x "
-                                    f"{DELEGATE_OVERHEAD_BYTES} + {max(bindings, 0)} bytes of manifest bindings)",
-                              Outcome.VIOLATION, candidate_bytes=len(lowering.pte), baseline_bytes=len(base.pte))
-
-    worse = coverage.regressions(base, lowering)
-    if worse:
-        return Verdict.failed(NAME, f"{lowering.flow.name} leaves more ops outside delegates than "
-                                    f"{base.flow.name}: {worse}", Outcome.VIOLATION)
+    compared = compare_facts(facts(base), facts(lowering))
+    if not compared.ok:
+        return compared
     if lowering.flow.promises.shared_cache and lowering.flow.runtime == "coreai":
         excess = multifunction_excess(base, lowering)
         if excess:
             return Verdict.failed(NAME, excess, Outcome.VIOLATION)
-    return Verdict.passed(NAME, f"{len(lowering.pte)} vs {len(base.pte)} bytes; coverage not worse")
+    return compared

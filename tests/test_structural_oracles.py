@@ -2,6 +2,7 @@
 broken one with a message that names the offending weight, node or bytes."""
 
 import dataclasses
+import json
 
 import pytest
 import torch
@@ -178,3 +179,36 @@ def test_coverage_judges_a_gemm_by_its_least_static_parameter():
     claims_computed = dataclasses.replace(lowering.flow, promises=dataclasses.replace(
         lowering.flow.promises, delegates=frozenset({"gemm_static_weight", "gemm_computed_weight"})))
     assert not coverage.check(dataclasses.replace(lowering, flow=claims_computed)).ok
+
+
+def test_coverage_classifies_an_unrolled_loop_once_per_node(monkeypatch):
+    """An unrolled scan reads each step's result twice: walking operands
+    without remembering them visits 2**depth paths (seen: one quantized
+    program held a campaign worker for ten minutes)."""
+    graph = torch.fx.Graph()
+    value = graph.placeholder("weight")
+    for _ in range(40):
+        value = graph.call_function(torch.ops.aten.add.Tensor, (value, value))
+    visits = []
+    classify = coverage._classify
+
+    def counted(node, *rest):
+        visits.append(node)
+        assert len(visits) <= 100, "operands walked along every path"
+        return classify(node, *rest)
+
+    monkeypatch.setattr(coverage, "_classify", counted)
+    assert coverage._source_kind(value, {"weight"}) == "computed"
+    assert len(visits) == len(set(visits)) == 41
+
+
+def test_differential_compares_plain_facts_as_it_compares_lowerings(lowerings):
+    """A gate across Python environments receives facts, not lowerings: the
+    same verdicts from the same comparison."""
+    base, portable = differential.facts(lowerings["xnnpack"]), differential.facts(lowerings["portable"])
+    assert differential.compare_facts(base, dict(base)).ok
+    grown = differential.compare_facts(base, dict(base, pte_bytes=base["pte_bytes"] + 4096))
+    assert not grown.ok and ".pte grew" in grown.message
+    worse = differential.compare_facts(base, dict(portable, pte_bytes=base["pte_bytes"]))
+    assert not worse.ok and "more ops outside delegates" in worse.message
+    assert json.loads(json.dumps(base)) == base

@@ -28,7 +28,7 @@ from etprop.verdicts import repro
 from etprop.lowering import stages
 from etprop.program import spec as specmod
 from etprop.flows.base import Flow
-from etprop.oracles import Verdict
+from etprop.oracles import Verdict, differential
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.signature import signature
 
@@ -51,6 +51,9 @@ class FlowResult:
     # A passing flow's runtime outputs per (method, input kind), kept for the corpus.
     outputs: list = field(default_factory=list)
     runtime: str = ""
+    # Structural facts of the lowering (oracles/differential.py ``facts``):
+    # what a gate across Python environments compares.
+    facts: dict = field(default_factory=dict)
 
     @property
     def message(self) -> str:
@@ -186,7 +189,8 @@ def _flow_result(flow: Flow, lowering: pipeline.Lowering, oracles: list[Oracle],
     outcome = failed[0].outcome if failed else Outcome.PASS
     return FlowResult(flow.name, outcome, verdicts, seconds=dict(lowering.seconds),
                       pte_sha256=hashlib.sha256(lowering.pte).hexdigest(),
-                      outputs=lowering.observed if outcome is Outcome.PASS else [], runtime=flow.runtime)
+                      outputs=lowering.observed if outcome is Outcome.PASS else [], runtime=flow.runtime,
+                      facts=differential.facts(lowering))
 
 
 def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
