@@ -397,3 +397,35 @@ def test_a_neutralized_spec_that_does_not_export_leaves_the_failure_new(session,
     recorded = [json.loads(line) for path in (session.artifacts.root / "results").glob("*.jsonl")
                 for line in path.read_text().splitlines()]
     assert recorded and all(flow["outcome"] != "export error" for line in recorded for flow in line["flows"])
+
+
+def test_each_finding_alone_is_lowered_once_for_every_flow_of_an_example(session, monkeypatch):
+    """Naming which of several nominated findings explains a failure lowers
+    the program with each cause alone neutralized: once per finding, not once
+    per finding and failing flow (three flows, five findings: fifteen runs
+    of every flow, seen taking minutes per quantized example)."""
+    from etprop.oracles import Verdict
+    from etprop.verdicts.check import ExampleResult, FlowResult
+    from etprop.verdicts.outcomes import Outcome
+
+    mismatch = Verdict.failed("eager equivalence", "3 / 8 elements differ", Outcome.MISMATCH)
+
+    found = [known_findings.Finding(id=name, title="", flows=("a", "b", "c"), outcome="mismatch",
+                                    pattern="elements differ", repro="") for name in ("F1", "F2", "F3")]
+    monkeypatch.setattr(known_findings, "neutralized",
+                        lambda spec, chosen: (dict(spec, neutralized=[f.id for f in chosen]), 1))
+    runs = []
+
+    def run(spec, flows, prop, oracles, worker=None, record_export_failure=True):
+        runs.append(spec["neutralized"])
+        if spec["neutralized"] == ["F2"]:
+            return ExampleResult(prop, spec, [FlowResult(name, Outcome.PASS, []) for name in ("a", "b", "c")])
+        return ExampleResult(prop, spec, [FlowResult(name, Outcome.MISMATCH, [mismatch]) for name in ("a", "b", "c")])
+
+    monkeypatch.setattr(session, "_run", run)
+    failing = FlowResult("a", Outcome.MISMATCH, [mismatch])
+    alone_runs: dict = {}
+    named = [session._which({"format": FORMAT}, [], "mixed", [], index, failing, found, alone_runs)
+             for index in range(3)]
+    assert named == ["F2", "F2", "F2"]
+    assert runs == [["F1"], ["F2"]]

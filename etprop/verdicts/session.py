@@ -220,6 +220,7 @@ class Session:
             _label("attribution: the neutralized spec does not export")
             self.artifacts.pending_path(neutral, prop).unlink(missing_ok=True)
             return result
+        alone_runs: dict = {}
         for index, flow_result in enumerate(result.results):
             found = nominated.get(flow_result.flow)
             if not found:
@@ -229,34 +230,44 @@ class Session:
                     re.search(f.pattern, other.message, re.S) for f in found):
                 self.artifacts.pending_path(spec, prop).unlink(missing_ok=True)
                 return again
-            flow_result.known = self._which(spec, flows, prop, oracles, index, flow_result, found)
+            flow_result.known = self._which(spec, flows, prop, oracles, index, flow_result, found, alone_runs)
         if again.new_failures:
             result.followups.append(again)
         else:
             self.artifacts.pending_path(neutral, prop).unlink(missing_ok=True)
         return result
 
-    def _which(self, spec, flows, prop, oracles, index: int, failure, found: list) -> str:
+    def _which(self, spec, flows, prop, oracles, index: int, failure, found: list, alone_runs: dict) -> str:
         """Of several findings nominated for one failure that their causes,
         neutralized together, made go: the first whose cause alone does (one
         that merely shares the op and the message is not named), or all of
-        them joined by "+" when none alone does."""
+        them joined by "+" when none alone does. ``alone_runs`` keeps each
+        single neutralization's run for the example's other flows."""
         if len(found) == 1:
             return found[0].id
         for finding in found:
-            alone, changed = known_findings.neutralized(spec, [finding])
-            if not changed:
+            if finding.id not in alone_runs:
+                alone_runs[finding.id] = self._run_alone(spec, flows, prop, oracles, finding)
+            if alone_runs[finding.id] is None:
                 continue
-            try:
-                other = self._run(alone, flows, prop, oracles, record_export_failure=False).results[index]
-            except ExportFailed:
-                continue
-            finally:
-                self.artifacts.pending_path(alone, prop).unlink(missing_ok=True)
+            other = alone_runs[finding.id].results[index]
             if not (other.outcome is failure.outcome and any(re.search(f.pattern, other.message, re.S)
                                                             for f in found)):
                 return finding.id
         return "+".join(f.id for f in found)
+
+    def _run_alone(self, spec, flows, prop, oracles, finding) -> ExampleResult | None:
+        """The example with one finding's cause neutralized; None when that
+        changes nothing or makes a program torch.export rejects."""
+        alone, changed = known_findings.neutralized(spec, [finding])
+        if not changed:
+            return None
+        try:
+            return self._run(alone, flows, prop, oracles, record_export_failure=False)
+        except ExportFailed:
+            return None
+        finally:
+            self.artifacts.pending_path(alone, prop).unlink(missing_ok=True)
 
     def _confirm(self, spec, flows, prop, oracles, first: ExampleResult) -> ExampleResult:
         """Re-run a new failure class in the same worker and a fresh one."""
