@@ -82,6 +82,10 @@ def cmd_shrink(args) -> int:
 
 
 def cmd_replay(args) -> int:
+    if args.env:
+        from etprop.commands.environments import replay_in
+
+        return replay_in(args.env, args)
     from etprop.commands.replay import replay_all
 
     summary = replay_all(Path(args.artifacts), [Path(p) for p in args.paths], flow_modules=args.flow_module)
@@ -95,9 +99,29 @@ def cmd_fuzz(args) -> int:
 
 
 def cmd_gate(args) -> int:
+    if args.baseline_env or args.candidate_env:
+        from etprop.commands.cross_gate import run_cross_gate
+
+        if not (args.baseline_env and args.candidate_env):
+            raise UsageError("a gate across environments needs both --baseline-env PY and --candidate-env PY")
+        return run_cross_gate(args)
     from etprop.commands.gate import run_gate
 
+    if not (args.baseline and args.candidate):
+        raise UsageError("name both flows: --baseline FLOW --candidate FLOW (or two environments: "
+                         "--baseline-env PY --candidate-env PY --flow FLOW)")
     return run_gate(args)
+
+
+def cmd_env(args) -> int:
+    from etprop.commands.environments import create
+
+    python = create(Path(args.directory), args.over, tuple(args.install),
+                    Path(args.etprop) if args.etprop else None,
+                    Path(args.sitecustomize) if args.sitecustomize else None)
+    print(f"{python}: a layered environment over {args.over}; its own packages: etprop"
+          + "".join(f", {requirement}" for requirement in args.install))
+    return 0
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
@@ -169,14 +193,36 @@ def build_parser() -> argparse.ArgumentParser:
     _add_common(p)
     p.add_argument("paths", nargs="*", help="repro files or directories (default: ARTIFACTS/repros, "
                                             "ARTIFACTS/pending and findings/repros)")
+    p.add_argument("--env", metavar="PY", help="replay in another Python environment (its etprop, torch and "
+                                               "ExecuTorch): which recorded findings are fixed there")
     p.set_defaults(func=cmd_replay)
+
+    p = sub.add_parser("env", help="create a layered environment: another one's packages, a few changed on top")
+    p.add_argument("directory")
+    p.add_argument("--over", default=sys.executable,
+                   help="the python whose environment it layers over (default: this one)")
+    p.add_argument("--install", action="append", default=[], metavar="REQUIREMENT",
+                   help="a pip requirement installed into the layer only, without dependencies (repeatable)")
+    p.add_argument("--etprop", default="", help="etprop to install there: a wheel or a checkout (default: this one's)")
+    p.add_argument("--sitecustomize", default="", help="a sitecustomize.py every process of the layer runs")
+    p.set_defaults(func=cmd_env)
 
     p = sub.add_parser("gate", help="bounded baseline-vs-candidate run with a CI verdict")
     _add_common(p)
-    p.add_argument("--baseline", required=True)
-    p.add_argument("--candidate", required=True)
+    p.add_argument("--baseline", help="the baseline flow")
+    p.add_argument("--candidate", help="the candidate flow")
     p.add_argument("--examples", type=int, default=4, help="examples per property (default: 4)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--baseline-env", metavar="PY", help="the baseline environment's python: gate two installations")
+    p.add_argument("--candidate-env", metavar="PY", help="the candidate environment's python")
+    p.add_argument("--flow", help="with --baseline-env/--candidate-env: the flow gated in both")
+    p.add_argument("--minutes", type=float, default=15.0,
+                   help="with environments: time budget, shrinking included (default: 15)")
+    p.add_argument("--programs", nargs="+", default=[], metavar="PATH",
+                   help="with environments: gate these repro files (or directories of them) instead of the "
+                        "findings and drawn programs")
+    p.add_argument("--per-family", type=int, default=6,
+                   help="with environments: drawn programs per family after the recorded findings (default: 6)")
     p.set_defaults(func=cmd_gate)
     return parser
 

@@ -1,0 +1,362 @@
+"""``etprop gate --baseline-env PY --candidate-env PY``: gate a change that is
+another installation (an ExecuTorch build, a backend package release, an
+outside partitioner package), not a flow of this process.
+
+This process draws every program once and decides; each environment lowers
+and runs the programs with its own libraries (etprop/commands/env_worker.py,
+crash-isolated, single-flow oracles and attribution there) and answers in
+plain data. The corpus runs in this order within the budget: every recorded
+finding's program, then programs drawn from a fixed seed, family by family.
+Per program the candidate's result is compared with the baseline's as the
+in-process gate compares them (etprop/commands/compare.py), then their
+lowerings' facts by the differential oracle (size, delegate calls, ops left
+outside delegates). Each kind of regression is shrunk in the environment
+where it fails, and the shrunk program is run once more in the baseline
+environment.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from etprop.commands.compare import compare, improved
+from etprop.commands.environments import Environment, EnvironmentFailed
+from etprop.errors import UsageError
+from etprop.oracles import differential
+from etprop.program import spec as specmod
+from etprop.verdicts.outcomes import Outcome
+from etprop.verdicts.signature import signature
+
+DEFAULT_MINUTES = 15.0
+# Shrinking the regressions found gets what is left, and at least this share of the budget.
+SHRINK_SHARE = 0.25
+SHRINK_AT_MOST = 3
+DEFAULT_PER_FAMILY = 6
+PROGRESS_EVERY = 10
+
+
+@dataclass
+class Item:
+    source: str          # "finding XNN-018" or "drawn mixed #3"
+    prop: str
+    spec: dict
+    answers: dict = field(default_factory=dict)   # environment label -> worker answer
+
+
+def _finding_items() -> list[Item]:
+    from etprop.verdicts import known_findings, repro
+
+    items = []
+    for finding in known_findings.load():
+        if finding.repro.endswith(".json"):
+            record = repro.read(finding.repro_path)
+            items.append(Item(f"finding {finding.id}", record["property"], record["spec"]))
+    return items
+
+
+def _families() -> dict:
+    from etprop.strategies.control_flow import control_flow_programs
+    from etprop.strategies.programs import (computed_weight_programs, multi_method_programs, programs,
+                                            quantized_programs)
+
+    return {"mixed": programs(min_nodes=6, max_nodes=32), "computed_weights": computed_weight_programs(),
+            "control_flow": control_flow_programs(), "multi_method": multi_method_programs(),
+            "quantized": quantized_programs()}
+
+
+def drawn(strategy, count: int, seed: int) -> list[dict]:
+    """``count`` specs from ``strategy``, the same ones for the same seed."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as seeded
+
+    specs: list[dict] = []
+
+    @seeded(seed)
+    @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(spec=strategy)
+    def collect(spec):
+        specs.append(spec)
+
+    collect()
+    return specs[:count]
+
+
+def program_items(paths: list[str]) -> list[Item]:
+    """The programs of repro files (or directories of them) given by the user."""
+    from etprop.verdicts import repro
+
+    files = [f for p in paths for f in (sorted(Path(p).glob("*.json")) if Path(p).is_dir() else [Path(p)])]
+    if not files:
+        raise UsageError(f"--programs {' '.join(paths)}: no repro files (.json) there")
+    items = []
+    for path in files:
+        record = repro.read(path)
+        items.append(Item(f"program {path.name}", record["property"], record["spec"]))
+    return items
+
+
+def corpus(seed: int, per_family: int, findings: bool = True) -> list[Item]:
+    """Recorded findings first, then ``per_family`` drawn programs of each
+    family, interleaved so a short budget still reaches every family."""
+    items = _finding_items() if findings else []
+    by_family = {name: drawn(strategy, per_family, seed) for name, strategy in _families().items()}
+    for index in range(per_family):
+        for name, specs in by_family.items():
+            if index < len(specs):
+                items.append(Item(f"drawn {name} #{index}", name, specs[index]))
+    return items
+
+
+def _flow_record(answer: dict, label: str) -> dict:
+    return {"flow": label, "outcome": answer["outcome"], "known": answer.get("known"),
+            "message": answer.get("message", "")}
+
+
+def judge(item: Item, baseline: str, candidate: str) -> Optional[dict]:
+    """What the candidate environment did worse on this program, or None."""
+    base, cand = item.answers[baseline], item.answers[candidate]
+    record = {"property": item.prop, "flows": [_flow_record(base, baseline), _flow_record(cand, candidate)]}
+    changed = compare(record)
+    if changed:
+        if cand["outcome"] == Outcome.EXPORT_ERROR.value:
+            changed["kind"] = "does not build in the candidate environment"
+        return dict(changed, outcome=cand["outcome"], message=cand.get("message", ""))
+    if cand["outcome"] == Outcome.PASS.value and base.get("facts") and cand.get("facts"):
+        structural = differential.compare_facts(base["facts"], cand["facts"])
+        if not structural.ok:
+            return {"kind": "structural regression", "why": "both pass; the candidate's lowering is worse",
+                    "outcome": Outcome.VIOLATION.value, "message": structural.message}
+    return None
+
+
+def tally(items: list[Item], baseline: str, candidate: str) -> Counter:
+    """Programs by what the candidate changed: passing, fixed, still failing
+    (the same way), newly failing, changed failure."""
+    counts: Counter = Counter()
+    for item in items:
+        base, cand = item.answers[baseline], item.answers[candidate]
+        failing = [Outcome(a["outcome"]).is_failure or a["outcome"] == Outcome.UNSUPPORTED.value
+                   for a in (base, cand)]
+        found = judge(item, baseline, candidate)
+        if found:
+            counts[found["kind"]] += 1
+        elif failing == [True, False]:
+            counts["fixed"] += 1
+        elif failing == [True, True]:
+            counts["still failing"] += 1
+        else:
+            counts["passing"] += 1
+    return counts
+
+
+def structural_changes(item: Item, baseline: str, candidate: str) -> dict:
+    """Size, delegate calls and ops left outside delegates, where they changed:
+    name -> (baseline, candidate, better)."""
+    base, cand = item.answers[baseline].get("facts"), item.answers[candidate].get("facts")
+    if not base or not cand:
+        return {}
+    changes = {}
+    if abs(cand["pte_bytes"] - base["pte_bytes"]) > differential.SIZE_SLACK_BYTES:
+        changes[".pte bytes"] = (base["pte_bytes"], cand["pte_bytes"], cand["pte_bytes"] < base["pte_bytes"])
+    if cand["delegate_calls"] != base["delegate_calls"]:
+        changes["delegate calls"] = (base["delegate_calls"], cand["delegate_calls"], None)
+    left = (sum(base["portable_ops"].values()), sum(cand["portable_ops"].values()))
+    if left[0] != left[1]:
+        changes["ops outside delegates"] = (*left, left[1] < left[0])
+    return changes
+
+
+def structure_summary(items: list[Item], baseline: str, candidate: str) -> list[str]:
+    """One line per structural fact: on how many programs it got better or
+    worse, and by how much in total."""
+    totals: dict = {}
+    for item in items:
+        for name, (before, after, better) in structural_changes(item, baseline, candidate).items():
+            entry = totals.setdefault(name, {"better": 0, "worse": 0, "changed": 0, "before": 0, "after": 0})
+            entry["better" if better else "worse" if better is False else "changed"] += 1
+            entry["before"] += before
+            entry["after"] += after
+    lines = []
+    for name, entry in totals.items():
+        counts = ", ".join(f"{entry[k]} {k}" for k in ("better", "worse", "changed") if entry[k])
+        lines.append(f"structure: {name}: {counts} ({entry['before']} -> {entry['after']} over those programs)")
+    return lines
+
+
+@dataclass
+class CrossGate:
+    baseline: Environment
+    candidate: Environment
+    baseline_flow: str
+    candidate_flow: str
+    minutes: float = DEFAULT_MINUTES
+    items: list[Item] = field(default_factory=list)
+    broken: dict = field(default_factory=dict)   # environment label -> why its worker failed
+
+    def _walk(self, environment: Environment, flow: str, until: float) -> None:
+        for done, item in enumerate(self.items):
+            if time.time() > until:
+                print(f"  {environment.label}: budget reached after {done} of {len(self.items)} programs", flush=True)
+                return
+            if done and done % PROGRESS_EVERY == 0:
+                print(f"  {environment.label}: {done} of {len(self.items)} programs", flush=True)
+            try:
+                item.answers[environment.label] = environment.run(item.spec, item.prop, flow)
+            except EnvironmentFailed as exc:
+                self.broken[environment.label] = str(exc).splitlines()[0]
+                return
+
+    def run(self, started: float) -> None:
+        until = started + self.minutes * 60 * (1 - SHRINK_SHARE)
+        walkers = [threading.Thread(target=self._walk, args=(env, flow, until))
+                   for env, flow in ((self.baseline, self.baseline_flow), (self.candidate, self.candidate_flow))]
+        for walker in walkers:
+            walker.start()
+        for walker in walkers:
+            walker.join()
+
+    def compared(self) -> list[Item]:
+        return [i for i in self.items if self.baseline.label in i.answers and self.candidate.label in i.answers]
+
+
+def _coverage(items: list[Item]) -> dict:
+    from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS
+
+    ops, dtypes = Counter(), Counter()
+    for item in items:
+        ops.update(node["op"] for _, node in specmod.all_nodes(item.spec))
+        for method in item.spec["methods"].values():
+            dtypes.update(value["dtype"] for value in method["inputs"])
+    vocabulary = set(OPS) | set(CONTROL_FLOW_OPS)
+    return {"ops": sorted(ops), "missing": sorted(vocabulary - set(ops)), "dtypes": sorted(dtypes)}
+
+
+def _shrink(gate: CrossGate, regression: dict, item: Item, artifacts: Path, lines: list[str]) -> None:
+    from etprop.verdicts import repro
+
+    env, flow = gate.candidate, gate.candidate_flow
+    answer = item.answers[env.label]
+    path = answer.get("repro")
+    if not path:
+        path = str(env.artifacts / "gate-repros" / f"{specmod.digest(item.spec)}.json")
+        repro.write(Path(path), item.spec, [flow], item.prop, answer["outcome"], answer.get("message", ""),
+                    script=False)
+    try:
+        shrunk = env.shrink(path, flow)
+    except EnvironmentFailed as exc:
+        lines.append(f"    not shrunk: {str(exc).splitlines()[0]}")
+        return
+    if not shrunk.get("shrunk"):
+        lines.append(f"    not shrunk ({shrunk.get('message', '')[:160]}); repro: {path}")
+        return
+    shrunk_spec = repro.read(shrunk["shrunk"])["spec"]
+    try:
+        on_baseline = gate.baseline.run(shrunk_spec, item.prop, gate.baseline_flow)["outcome"]
+    except EnvironmentFailed as exc:
+        on_baseline = f"not run ({str(exc).splitlines()[0]})"
+    lines.append(f"    shrunk in the candidate environment to {shrunk['nodes']} node(s): {shrunk['shrunk']} "
+                 f"(baseline environment on it: {on_baseline})")
+
+
+def run_cross_gate(args) -> int:
+    started = time.time()
+    artifacts = Path(args.artifacts)
+    baseline_flow = args.baseline or args.flow
+    candidate_flow = args.candidate or args.flow
+    if not (baseline_flow and candidate_flow):
+        raise UsageError("name the flow to gate: --flow F (the same in both environments) or "
+                         "--baseline F --candidate G")
+    if artifacts.exists() and any(artifacts.iterdir()):
+        raise UsageError(f"'{artifacts}' is not empty; give the gate a fresh --artifacts directory")
+    baseline = Environment(args.baseline_env, "baseline", artifacts / "baseline", tuple(args.flow_module))
+    candidate = Environment(args.candidate_env, "candidate", artifacts / "candidate", tuple(args.flow_module))
+    with baseline, candidate:
+        return _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidate_flow)
+
+
+def _versions_line(env: Environment) -> str:
+    return ", ".join(f"{name} {version}" for name, version in env.versions.items() if version)
+
+
+def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidate_flow) -> int:
+    lines = [f"etprop gate: {baseline_flow} in {baseline.python} against {candidate_flow} in {candidate.python}; "
+             f"budget {args.minutes:g} min, seed {args.seed}",
+             f"  baseline environment: {_versions_line(baseline)}",
+             f"  candidate environment: {_versions_line(candidate)}"]
+    print("\n".join(lines), flush=True)
+
+    def finish(verdict: str, code: int, body: list[str]) -> int:
+        text = "\n".join(body + [verdict])
+        print("\n".join(body[len(lines):] + [verdict]) if body[:len(lines)] == lines else text)
+        (artifacts / "gate.md").write_text("```\n" + text + "\n```\n")
+        return code
+
+    missing = baseline.unavailable(baseline_flow)
+    if missing:
+        return finish(f"VERDICT: ERROR: {baseline_flow} cannot run in the baseline environment: {missing}", 3,
+                      lines)
+    missing = candidate.unavailable(candidate_flow)
+    if missing:
+        return finish(f"VERDICT: FAIL: {candidate_flow} runs in the baseline environment but not in the candidate "
+                      f"environment: {missing}", 1, lines)
+    items = program_items(args.programs) if args.programs else corpus(args.seed, args.per_family)
+    gate = CrossGate(baseline, candidate, baseline_flow, candidate_flow, args.minutes, items)
+    gate.run(started)
+    compared = gate.compared()
+    body = list(lines)
+    for label, why in gate.broken.items():
+        body.append(f"the {label} environment's worker failed: {why}")
+    if not compared:
+        return finish("VERDICT: ERROR: no program ran in both environments", 3, body)
+    regressions = [(item, found) for item in compared
+                   if (found := judge(item, baseline.label, candidate.label))]
+    improvements = [item for item in compared
+                    if improved({"flows": [_flow_record(item.answers[baseline.label], baseline.label),
+                                           _flow_record(item.answers[candidate.label], candidate.label)]})]
+    coverage = _coverage(compared)
+    sources = Counter(item.source.split(" ")[0] for item in compared)
+    body.append(f"checked: {len(compared)} of {len(gate.items)} programs in both environments "
+                f"({', '.join(f'{n} {kind}' for kind, n in sources.items())}); "
+                f"{len(coverage['ops'])} ops, input dtypes {', '.join(coverage['dtypes'])}")
+    body.append("per program: " + ", ".join(f"{n} {kind}" for kind, n in tally(compared, baseline.label,
+                                                                              candidate.label).items()))
+    if coverage["missing"]:
+        body.append(f"not covered: {', '.join(coverage['missing'])}")
+    groups: dict[str, list] = {}
+    for item, found in regressions:
+        key = f"{found['kind']}: {signature('', found['outcome'], found['message'])}"
+        groups.setdefault(key, []).append((item, found))
+    for key, members in groups.items():
+        item, found = min(members, key=lambda pair: specmod.count_ops(pair[0].spec))
+        first_line = found["message"].splitlines()[0] if found["message"] else found["outcome"]
+        body.append(f"REGRESSION ({len(members)} program(s)): {found['kind']}: {found['outcome']}: "
+                    f"{first_line[:240]} ({found['why']})")
+        body.append(f"    e.g. {item.source}, {specmod.count_ops(item.spec)} node(s)")
+    for key in list(groups)[:SHRINK_AT_MOST]:
+        item, found = min(groups[key], key=lambda pair: specmod.count_ops(pair[0].spec))
+        if found["kind"] != "structural regression":
+            body.append(f"  shrinking: {key[:120]}")
+            _shrink(gate, found, item, artifacts, body)
+    for item in improvements:
+        body.append(f"improvement: {item.source}: the candidate passes where the baseline "
+                    f"{item.answers[baseline.label]['outcome']}")
+    body.extend(structure_summary(compared, baseline.label, candidate.label))
+    (artifacts / "answers.jsonl").write_text("".join(
+        json.dumps({"source": i.source, "property": i.prop, "digest": specmod.digest(i.spec),
+                    "answers": i.answers}) + "\n" for i in gate.items))
+    if groups:
+        first_kind, first_members = next(iter(groups.items()))
+        first = first_members[0][1]
+        reason = f"{first['kind']}: {(first['message'].splitlines() or [first['outcome']])[0][:200]}"
+        return finish(f"VERDICT: FAIL: {len(regressions)} program(s) regressed in the candidate environment, "
+                      f"{len(groups)} kind(s); " + (reason if len(groups) == 1 else f"first: {reason}"), 1, body)
+    if gate.broken:
+        return finish("VERDICT: ERROR: an environment's worker failed before the corpus was done", 3, body)
+    return finish(f"VERDICT: PASS: no regression on {len(compared)} programs ({len(improvements)} improvement(s))",
+                  0, body)

@@ -1,0 +1,151 @@
+"""The half of a cross-environment gate that runs inside one Python environment.
+
+``etprop gate --baseline-env PY --candidate-env PY`` starts ``PY -m
+etprop.commands.env_worker`` in each environment. The worker lowers and runs
+the specs the parent sends with that environment's torch, ExecuTorch and
+backend packages (each example in the crash-isolated worker of
+etprop/verdicts/session.py, failures attributed to known findings by
+intervention, repros written under its own artifacts directory) and answers
+in the plain format below, which the parent reads without importing anything
+from the environment.
+
+Protocol (one JSON object per line; ``format`` is ``FORMAT``):
+- on start, the worker writes ``{"format", "ready": true, "versions", "flows"}``
+  (``flows``: every registered flow and why it is unavailable, "" if it is);
+- the parent writes ``{"id", "spec", "prop", "flow"}``; the worker answers
+  ``{"format", "id", "outcome", "known", "message", "oracles", "facts",
+  "repro", "seconds"}``: the single-flow oracles run here (they read the
+  lowering's objects); ``facts`` (size, delegate calls, ops left outside
+  delegates) is what the parent's differential oracle compares;
+- ``{"id", "shrink": REPRO, "flow"}`` shrinks a repro in this environment and
+  answers ``{"format", "id", "shrunk", "nodes", "message"}``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import sys
+import time
+from pathlib import Path
+
+FORMAT = 1
+
+# Each property's oracles minus the differential one: a worker lowers one
+# flow, and the parent compares the two environments' facts.
+SINGLE_FLOW_PROPERTY = {
+    "differential": "mixed",
+    "differential_quantized": "quantized",
+    "differential_multi_method": "multi_method",
+}
+
+
+def versions() -> dict:
+    """The library versions a verdict depends on (a missing package is None)."""
+    import importlib.metadata
+    import platform
+
+    found = {"python": platform.python_version()}
+    for package in ("etprop", "torch", "executorch", "torchao", "coreai-torch", "coreai-core"):
+        try:
+            found[package] = importlib.metadata.version(package)
+        except importlib.metadata.PackageNotFoundError:
+            found[package] = None
+    return found
+
+
+def flow_reasons() -> dict:
+    from etprop import flows
+
+    reasons = {}
+    for flow in flows.all_flows():
+        try:
+            reasons[flow.name] = flow.unavailable_reason() or ""
+        except Exception as exc:  # a broken backend package: the flow is unavailable, and why
+            reasons[flow.name] = f"{type(exc).__name__}: {exc}"
+    return reasons
+
+
+
+
+def run_one(session, request: dict) -> dict:
+    from etprop import flows
+    from etprop.lowering.pipeline import ExportFailed
+    from etprop.verdicts.outcomes import Outcome
+
+    started = time.perf_counter()
+    from etprop.oracles.sets import ORACLES_BY_PROPERTY
+
+    flow = flows.get(request["flow"])
+    prop = SINGLE_FLOW_PROPERTY.get(request["prop"], request["prop"])
+    answer = {"format": FORMAT, "id": request.get("id"), "facts": {}, "oracles": [], "repro": None, "known": None}
+    try:
+        result = session.run(request["spec"], [flow], prop, ORACLES_BY_PROPERTY[prop], attribute=True)
+    except ExportFailed as exc:
+        answer.update(outcome=Outcome.EXPORT_ERROR.value, message=f"does not export here: {exc}".splitlines()[0])
+    else:
+        flow_result = result.results[0]
+        answer.update(outcome=flow_result.outcome.value, known=flow_result.known, message=flow_result.message,
+                      facts=flow_result.facts,
+                      oracles=[{"oracle": v.oracle, "ok": v.ok, "message": str(v)} for v in flow_result.verdicts],
+                      repro=str(result.repro) if result.repro else None)
+    answer["seconds"] = round(time.perf_counter() - started, 3)
+    return answer
+
+
+def shrink_one(request: dict, artifacts: Path, flow_modules: list[str]) -> dict:
+    from etprop.commands.shrink import shrink_file
+    from etprop.program import spec as specmod
+    from etprop.verdicts import repro
+
+    output = Path(request["shrink"]).with_suffix(".shrunk.json")
+    log = io.StringIO()
+    with contextlib.redirect_stdout(log):
+        shrink_file(Path(request["shrink"]), output, None, request.get("flow"), request.get("max_checks", 200),
+                    flow_modules=flow_modules)
+    record = repro.read(output) if output.exists() else None
+    return {"format": FORMAT, "id": request.get("id"), "shrunk": str(output) if record else None,
+            "nodes": specmod.count_ops(record["spec"]) if record else None,
+            "message": (record or {}).get("message", "") or log.getvalue()[-400:]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m etprop.commands.env_worker")
+    parser.add_argument("--artifacts", required=True)
+    parser.add_argument("--flow-module", action="append", default=[])
+    args = parser.parse_args(argv)
+    # Everything else this process prints goes to stderr: stdout carries the protocol.
+    protocol, sys.stdout = sys.stdout, sys.stderr
+    from etprop import flows
+    from etprop.verdicts.session import Session
+
+    for module in args.flow_module:
+        flows.load_flow_module(module)
+
+    def send(message: dict) -> None:
+        protocol.write(json.dumps(message) + "\n")
+        protocol.flush()
+
+    send({"format": FORMAT, "ready": True, "versions": versions(), "flows": flow_reasons()})
+    session = Session(Path(args.artifacts), flow_modules=args.flow_module)
+    try:
+        for line in sys.stdin:
+            if not line.strip():
+                continue
+            request = json.loads(line)
+            try:
+                if "shrink" in request:
+                    send(shrink_one(request, Path(args.artifacts), args.flow_module))
+                else:
+                    send(run_one(session, request))
+            except Exception as exc:
+                send({"format": FORMAT, "id": request.get("id"), "error": f"{type(exc).__name__}: {exc}"})
+    finally:
+        session.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""The gate across Python environments: each environment lowers in its own
+process and answers in plain data; this process compares and decides.
+
+The comparison is tested on hand-made answers; the environments end to end
+on two small programs: the same environment on both sides passes, and an
+environment whose XNNPACK relu is deliberately wrong (a sitecustomize from
+ci/gate_demo/) fails with a repro shrunk there that passes in the baseline."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from etprop.commands import cross_gate
+from etprop.commands.environments import Environment, create
+from etprop.errors import UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+PROGRAMS = ROOT / "tests" / "fixtures" / "gate"
+BROKEN_RELU = ROOT / "ci" / "gate_demo" / "broken_relu_sitecustomize.py"
+
+
+def _answer(outcome="pass", message="", known=None, pte=1000, delegates=1, portable=None):
+    return {"outcome": outcome, "message": message, "known": known,
+            "facts": {"flow": "xnnpack", "pte_bytes": pte, "delegate_calls": delegates,
+                      "portable_ops": portable or {}, "binding_bytes": 0} if outcome == "pass" else {}}
+
+
+def _item(base, cand):
+    return cross_gate.Item("drawn mixed #0", "mixed", {"methods": {}}, {"baseline": base, "candidate": cand})
+
+
+MISMATCH = ("[eager equivalence] FAILED (mismatch): method 'forward', normal inputs: output 0 (4, 8): "
+            "{n} / 32 elements differ; worst at (0, 0): eager 0, got {got}, allowed difference 1e-05 ")
+
+
+@pytest.mark.parametrize("base, cand, kind", [
+    (_answer(), _answer("mismatch", MISMATCH.format(n=3, got=0.5)), "newly failing"),
+    (_answer(), _answer("lowering error", "RuntimeError: boom"), "newly failing"),
+    (_answer(), _answer("unsupported by ExecuTorch", "while_loop"), "newly unsupported"),
+    (_answer(), _answer("export error", "does not export here"), "does not build in the candidate environment"),
+    (_answer("mismatch", MISMATCH.format(n=3, got=0.001)), _answer("mismatch", MISMATCH.format(n=30, got=0.5)),
+     "worse mismatch"),
+    (_answer("lowering error", "RuntimeError: one"), _answer("run error", "error 0x12"), "changed failure"),
+    (_answer(), _answer("mismatch", "elements differ", known="XNN-001"), "known finding XNN-001 newly hit"),
+    (_answer(pte=1000), _answer(pte=9000), "structural regression"),
+    (_answer(portable={}), _answer(portable={"tanh": 1}), "structural regression"),
+])
+def test_a_candidate_environment_doing_worse_is_a_regression_of_its_kind(base, cand, kind):
+    found = cross_gate.judge(_item(base, cand), "baseline", "candidate")
+    assert found is not None and found["kind"] == kind, found
+
+
+@pytest.mark.parametrize("base, cand", [
+    (_answer(), _answer()),
+    (_answer("mismatch", MISMATCH.format(n=3, got=0.5)), _answer()),
+    (_answer("lowering error", "RuntimeError: one"), _answer("lowering error", "RuntimeError: one")),
+    (_answer(pte=9000, portable={"tanh": 2}), _answer(pte=1000)),
+])
+def test_a_candidate_environment_doing_as_well_or_better_is_no_regression(base, cand):
+    assert cross_gate.judge(_item(base, cand), "baseline", "candidate") is None
+
+
+def test_the_tally_and_structure_lines_count_what_changed():
+    items = [_item(_answer(), _answer()),
+             _item(_answer("lowering error", "RuntimeError: one"), _answer()),
+             _item(_answer(pte=9000, portable={"tanh": 2}), _answer(pte=1000)),
+             _item(_answer(), _answer("run error", "error 0x12"))]
+    assert cross_gate.tally(items, "baseline", "candidate") == {"passing": 2, "fixed": 1, "newly failing": 1}
+    lines = cross_gate.structure_summary(items, "baseline", "candidate")
+    assert "structure: .pte bytes: 1 better (9000 -> 1000 over those programs)" in lines
+    assert "structure: ops outside delegates: 1 better (2 -> 0 over those programs)" in lines
+
+
+def test_an_interpreter_that_is_not_there_is_a_one_line_error(tmp_path):
+    with pytest.raises(UsageError, match="no Python interpreter at"):
+        Environment(str(tmp_path / "nowhere" / "python"), "candidate", tmp_path / "a").start()
+
+
+def test_an_environment_without_etprop_names_the_install_command(tmp_path):
+    base = subprocess.run([sys.executable, "-c", "import sys; print(sys._base_executable)"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    subprocess.run([base, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
+    with pytest.raises(UsageError) as raised:
+        Environment(str(tmp_path / "bare" / "bin" / "python"), "candidate", tmp_path / "a").start()
+    message = str(raised.value)
+    assert "has no etprop" in message and "pip install --no-deps" in message and "\n" not in message
+
+
+def _gate(tmp_path, candidate_python, name):
+    return subprocess.run([sys.executable, "-m", "etprop.commands.cli", "gate", "--baseline-env", sys.executable,
+                           "--candidate-env", candidate_python, "--flow", "xnnpack", "--programs", str(PROGRAMS),
+                           "--minutes", "10", "--artifacts", str(tmp_path / f"gate-{name}")],
+                          capture_output=True, text=True, cwd=tmp_path)
+
+
+@pytest.mark.slow
+def test_the_same_environment_on_both_sides_passes_with_no_difference(tmp_path):
+    run = _gate(tmp_path, sys.executable, "same")
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "VERDICT: PASS: no regression on 2 programs" in run.stdout
+    assert "per program: 2 passing" in run.stdout and "structure:" not in run.stdout
+
+
+@pytest.mark.slow
+def test_a_deliberately_broken_lowering_in_the_candidate_environment_fails_with_a_shrunk_repro(tmp_path):
+    python = create(tmp_path / "broken", sys.executable, sitecustomize=BROKEN_RELU)
+    run = _gate(tmp_path, python, "broken")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert re.search(r"VERDICT: FAIL: 1 program\(s\) regressed .*newly failing: .*mismatch", run.stdout)
+    shrunk = re.search(r"shrunk in the candidate environment to (\d+) node\(s\): (\S+) "
+                       r"\(baseline environment on it: pass\)", run.stdout)
+    assert shrunk and int(shrunk.group(1)) <= 3, run.stdout
+    replay = subprocess.run([python, "-P", "-m", "etprop.commands.cli", "repro", shrunk.group(2),
+                             "--artifacts", str(tmp_path / "replay")], capture_output=True, text=True, cwd=tmp_path)
+    assert replay.returncode == 1 and "still failing" in replay.stdout, replay.stdout + replay.stderr
