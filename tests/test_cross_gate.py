@@ -118,3 +118,14 @@ def test_a_deliberately_broken_lowering_in_the_candidate_environment_fails_with_
     replay = subprocess.run([python, "-P", "-m", "etprop.commands.cli", "repro", shrunk.group(2),
                              "--artifacts", str(tmp_path / "replay")], capture_output=True, text=True, cwd=tmp_path)
     assert replay.returncode == 1 and "still failing" in replay.stdout, replay.stdout + replay.stderr
+
+
+def test_replay_in_another_environment_runs_that_environments_etprop(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "replay", "--env", sys.executable,
+                          str(PROGRAMS / "no_relu.json"), "--artifacts", str(tmp_path / "replay")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "no_relu.json" in run.stdout
+    missing = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "replay", "--env",
+                              str(tmp_path / "none" / "python")], capture_output=True, text=True, cwd=tmp_path)
+    assert missing.returncode == 2 and "no Python interpreter at" in missing.stderr
