@@ -224,7 +224,11 @@ def _config_classes() -> dict:
         _src_partition_depth = 0
 
         def _computed(self, node, ep, idx):
-            if not _installed or idx is None or self._src_partition_depth or idx >= len(node.args):
+            # Only the top-level graph is partitioned: a GEMM in a control-flow
+            # body is never delegated, so accepting it would only keep it from
+            # being decomposed, and portable's linear rejects a 1-D input.
+            if (not _installed or idx is None or self._src_partition_depth or idx >= len(node.args)
+                    or node.graph is not ep.graph_module.graph):
                 return None
             operand = node.args[idx]
             if operand is None or is_param_node(ep, operand) or not _exact_call(node):

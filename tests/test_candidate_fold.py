@@ -248,6 +248,22 @@ class ScaledAddmm(nn.Module):
         return torch.addmm(self.b, x, self.p * 0.5, alpha=0.25)
 
 
+class LinearInMapBody(nn.Module):
+    """A GEMM in a control-flow body is never delegated by the top-level
+    partitioner; accepting its computed weight only kept ``linear`` from
+    being decomposed, and portable's ``linear`` rejects the body's 1-D rows
+    (seen: error 0x12 at run time)."""
+
+    def __init__(self):
+        super().__init__()
+        self.p = nn.Parameter(torch.randn(16, 16))
+
+    def forward(self, x):
+        from torch._higher_order_ops.map import map as hop_map
+
+        return hop_map(lambda row, w: F.linear(row, w * -1.0), x, self.p)
+
+
 MUST_NOT_FOLD = {
     "low_rank": LowRank,
     "shared_by_two_gemms": SharedWeight,
@@ -256,6 +272,7 @@ MUST_NOT_FOLD = {
     "intermediate_feeds_gemm": IntermediateFeedsGemm,
     "value_is_another_input": SelfProduct,
     "inexact_gemm_arguments": ScaledAddmm,
+    "gemm_in_a_map_body": LinearInMapBody,
 }
 
 
@@ -277,8 +294,9 @@ def test_refused_cases_lower_exactly_as_stock(refused, case):
     assert fold.buffer == stock.buffer
 
 
-def test_refused_case_still_runs(refused):
-    module, x, fold, _ = refused["inexact_gemm_arguments"]
+@pytest.mark.parametrize("case", ["inexact_gemm_arguments", "gemm_in_a_map_body"])
+def test_refused_case_still_runs(refused, case):
+    module, x, fold, _ = refused[case]
     with torch.no_grad():
         expected = module(x)
     torch.testing.assert_close(run(fold.buffer, (x,)), expected)
