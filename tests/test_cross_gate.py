@@ -129,3 +129,31 @@ def test_replay_in_another_environment_runs_that_environments_etprop(tmp_path):
     missing = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "replay", "--env",
                               str(tmp_path / "none" / "python")], capture_output=True, text=True, cwd=tmp_path)
     assert missing.returncode == 2 and "no Python interpreter at" in missing.stderr
+
+
+class _FakeEnvironment:
+    """Answers by a rule instead of lowering: enough to drive CrossGate."""
+
+    def __init__(self, label, failing):
+        self.label, self.failing, self.asked = label, failing, []
+
+    def run(self, spec, prop, flow):
+        self.asked.append(spec["name"])
+        bad = any(name in self.failing for name in spec["name"].split("+"))
+        return _answer("mismatch", MISMATCH.format(n=3, got=0.5)) if bad else _answer()
+
+
+def test_a_packed_program_that_fails_is_judged_by_its_parts(tmp_path):
+    """A known failure in one packed part must not hide a regression in
+    another, and a regression is narrowed to its part before shrinking."""
+    parts = [cross_gate.Item(f"coverage #0 part {i}", "mixed", {"name": name}) for i, name in enumerate("abc")]
+    packed = cross_gate.Item("coverage #0 (3 programs packed)", "mixed", {"name": "a+b+c"}, parts=parts)
+    passing = cross_gate.Item("coverage #1", "mixed", {"name": "d"})
+    baseline, candidate = _FakeEnvironment("baseline", {"a"}), _FakeEnvironment("candidate", {"a", "c"})
+    gate = cross_gate.CrossGate(baseline, candidate, "xnnpack", "xnnpack", 5, [packed, passing])
+    gate.run(started=__import__("time").time())
+    assert baseline.asked == ["a+b+c", "d", "a", "b", "c"]
+    compared = gate.compared()
+    assert [item.source for item in compared] == [p.source for p in parts] + ["coverage #1"]
+    regressed = [item.source for item in compared if cross_gate.judge(item, "baseline", "candidate")]
+    assert regressed == ["coverage #0 part 2"]

@@ -38,6 +38,9 @@ DEFAULT_MINUTES = 15.0
 SHRINK_SHARE = 0.25
 SHRINK_AT_MOST = 3
 DEFAULT_PER_FAMILY = 6
+# Drawn programs per family the coverage corpus chooses from, and programs per packed program.
+COVERAGE_POOL = 150
+PACK_SIZE = 10
 PROGRESS_EVERY = 10
 
 
@@ -47,6 +50,9 @@ class Item:
     prop: str
     spec: dict
     answers: dict = field(default_factory=dict)   # environment label -> worker answer
+    # A packed coverage program: the programs it computes side by side, run
+    # on their own where the packed one fails on either side.
+    parts: list["Item"] = field(default_factory=list)
 
 
 def _finding_items() -> list[Item]:
@@ -101,16 +107,56 @@ def program_items(paths: list[str]) -> list[Item]:
     return items
 
 
-def corpus(seed: int, per_family: int, findings: bool = True) -> list[Item]:
-    """Recorded findings first, then ``per_family`` drawn programs of each
-    family, interleaved so a short budget still reaches every family."""
+def _family_prop(spec: dict) -> str:
+    if len(spec["methods"]) > 1:
+        return "multi_method"
+    return "quantized" if spec.get("quantization") else "mixed"
+
+
+def coverage_corpus(seed: int, pool_per_family: int = COVERAGE_POOL, pack_size: int = PACK_SIZE
+                    ) -> tuple[list[Item], set]:
+    """Programs reaching every (op, argument value, dtype) combination a
+    seeded pool of drawn programs reaches (etprop/program/coverage_space.py),
+    packed ``pack_size`` to a program where they can share one method; and
+    the combinations the pool reaches."""
+    from etprop.program import coverage_space
+
+    pool = {}
+    for strategy in _families().values():
+        for spec in drawn(strategy, pool_per_family, seed):
+            pool.setdefault(specmod.digest(spec), spec)
+    specs = list(pool.values())
+    chosen, wanted = coverage_space.greedy_cover(specs)
+    by_class: dict = {}
+    for index in chosen:
+        by_class.setdefault(coverage_space.packing_class(specs[index]), []).append(specs[index])
+    items = []
+    for packing, members in by_class.items():
+        if packing is None:
+            for spec in members:
+                items.append(Item(f"coverage #{len(items)}", _family_prop(spec), spec))
+            continue
+        for start in range(0, len(members), pack_size):
+            group = members[start:start + pack_size]
+            parts = [Item(f"coverage #{len(items)} part {i}", _family_prop(spec), spec) for i, spec in enumerate(group)]
+            items.append(Item(f"coverage #{len(items)} ({len(group)} programs packed)", _family_prop(group[0]),
+                              coverage_space.pack(group), parts=parts))
+    return items, wanted
+
+
+def corpus(seed: int, per_family: int, findings: bool = True) -> tuple[list[Item], set]:
+    """Recorded findings first, then the coverage corpus, then ``per_family``
+    drawn programs of each family, interleaved so a short budget still
+    reaches every family; and the combinations the coverage corpus aims at."""
     items = _finding_items() if findings else []
-    by_family = {name: drawn(strategy, per_family, seed) for name, strategy in _families().items()}
+    covering, wanted = coverage_corpus(seed)
+    items += covering
+    by_family = {name: drawn(strategy, per_family, seed + 1) for name, strategy in _families().items()}
     for index in range(per_family):
         for name, specs in by_family.items():
             if index < len(specs):
                 items.append(Item(f"drawn {name} #{index}", name, specs[index]))
-    return items
+    return items, wanted
 
 
 def _flow_record(answer: dict, label: str) -> dict:
@@ -199,42 +245,81 @@ class CrossGate:
     items: list[Item] = field(default_factory=list)
     broken: dict = field(default_factory=dict)   # environment label -> why its worker failed
 
-    def _walk(self, environment: Environment, flow: str, until: float) -> None:
-        for done, item in enumerate(self.items):
+    def _walk(self, environment: Environment, flow: str, until: float, items: list[Item]) -> None:
+        for done, item in enumerate(items):
             if time.time() > until:
-                print(f"  {environment.label}: budget reached after {done} of {len(self.items)} programs", flush=True)
+                print(f"  {environment.label}: budget reached after {done} of {len(items)} programs", flush=True)
                 return
             if done and done % PROGRESS_EVERY == 0:
-                print(f"  {environment.label}: {done} of {len(self.items)} programs", flush=True)
+                print(f"  {environment.label}: {done} of {len(items)} programs", flush=True)
             try:
                 item.answers[environment.label] = environment.run(item.spec, item.prop, flow)
             except EnvironmentFailed as exc:
                 self.broken[environment.label] = str(exc).splitlines()[0]
                 return
 
-    def run(self, started: float) -> None:
-        until = started + self.minutes * 60 * (1 - SHRINK_SHARE)
-        walkers = [threading.Thread(target=self._walk, args=(env, flow, until))
+    def _both(self, items: list[Item], until: float) -> None:
+        walkers = [threading.Thread(target=self._walk, args=(env, flow, until, items))
                    for env, flow in ((self.baseline, self.baseline_flow), (self.candidate, self.candidate_flow))]
         for walker in walkers:
             walker.start()
         for walker in walkers:
             walker.join()
 
+    def _answered(self, item: Item) -> bool:
+        return self.baseline.label in item.answers and self.candidate.label in item.answers
+
+    def run(self, started: float) -> None:
+        """The corpus in both environments; then the parts of every packed
+        program that failed on either side, each on its own, so a known
+        failure in one part hides nothing in the others and a regression is
+        narrowed to its part."""
+        until = started + self.minutes * 60 * (1 - SHRINK_SHARE)
+        self._both(self.items, until)
+        unpack = [part for item in self.items if item.parts and self._answered(item)
+                  and any(Outcome(a["outcome"]) is not Outcome.PASS for a in item.answers.values())
+                  for part in item.parts]
+        if unpack:
+            print(f"  running the {len(unpack)} parts of packed programs that failed on either side", flush=True)
+            self._both(unpack, until)
+
     def compared(self) -> list[Item]:
-        return [i for i in self.items if self.baseline.label in i.answers and self.candidate.label in i.answers]
+        """Every program answered by both environments; a packed program
+        whose parts all ran is replaced by them."""
+        leaves = []
+        for item in self.items:
+            if item.parts and all(self._answered(part) for part in item.parts) and any(
+                    Outcome(a["outcome"]) is not Outcome.PASS for a in item.answers.values()):
+                leaves += item.parts
+            elif self._answered(item):
+                leaves.append(item)
+        return leaves
 
 
-def _coverage(items: list[Item]) -> dict:
+def _coverage(items: list[Item], wanted: set) -> list[str]:
+    """What the compared programs covered, and what they did not."""
+    from etprop.program import coverage_space
     from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS
 
-    ops, dtypes = Counter(), Counter()
+    reached = set()
     for item in items:
-        ops.update(node["op"] for _, node in specmod.all_nodes(item.spec))
-        for method in item.spec["methods"].values():
-            dtypes.update(value["dtype"] for value in method["inputs"])
-    vocabulary = set(OPS) | set(CONTROL_FLOW_OPS)
-    return {"ops": sorted(ops), "missing": sorted(vocabulary - set(ops)), "dtypes": sorted(dtypes)}
+        for spec in [part.spec for part in item.parts] or [item.spec]:
+            reached |= coverage_space.keys(spec)
+    ops = {key[0].split(">")[-1].split(":")[0] for key in reached}
+    dtypes = sorted({key[3] for key in reached})
+    lines = [f"covered: {len(ops)} ops, {len({k for k in reached if k[1]})} (op, argument value, dtype) "
+             f"combinations, program dtypes {', '.join(dtypes)}"]
+    if wanted:
+        lines.append(f"coverage corpus: {len(reached & wanted)} of the {len(wanted)} combinations its seeded pool "
+                     "reaches")
+        missed = Counter(f"{key[0]}{'.' + key[1] if key[1] else ''}" for key in wanted - reached)
+        if missed:
+            lines.append("not covered (combinations by op and argument): "
+                         + ", ".join(f"{name} {n}" for name, n in sorted(missed.items())))
+    never = sorted((set(OPS) | set(CONTROL_FLOW_OPS)) - {"layer"} - ops)
+    if never:
+        lines.append(f"ops never run: {', '.join(never)}")
+    return lines
 
 
 def _shrink(gate: CrossGate, regression: dict, item: Item, artifacts: Path, lines: list[str]) -> None:
@@ -305,7 +390,7 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
     if missing:
         return finish(f"VERDICT: FAIL: {candidate_flow} runs in the baseline environment but not in the candidate "
                       f"environment: {missing}", 1, lines)
-    items = program_items(args.programs) if args.programs else corpus(args.seed, args.per_family)
+    items, wanted = (program_items(args.programs), set()) if args.programs else corpus(args.seed, args.per_family)
     gate = CrossGate(baseline, candidate, baseline_flow, candidate_flow, args.minutes, items)
     gate.run(started)
     compared = gate.compared()
@@ -319,15 +404,12 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
     improvements = [item for item in compared
                     if improved({"flows": [_flow_record(item.answers[baseline.label], baseline.label),
                                            _flow_record(item.answers[candidate.label], candidate.label)]})]
-    coverage = _coverage(compared)
     sources = Counter(item.source.split(" ")[0] for item in compared)
-    body.append(f"checked: {len(compared)} of {len(gate.items)} programs in both environments "
-                f"({', '.join(f'{n} {kind}' for kind, n in sources.items())}); "
-                f"{len(coverage['ops'])} ops, input dtypes {', '.join(coverage['dtypes'])}")
+    body.append(f"checked: {len(compared)} programs in both environments "
+                f"({', '.join(f'{n} {kind}' for kind, n in sources.items())}; corpus of {len(gate.items)})")
     body.append("per program: " + ", ".join(f"{n} {kind}" for kind, n in tally(compared, baseline.label,
                                                                               candidate.label).items()))
-    if coverage["missing"]:
-        body.append(f"not covered: {', '.join(coverage['missing'])}")
+    body.extend(_coverage(compared, wanted))
     groups: dict[str, list] = {}
     for item, found in regressions:
         key = f"{found['kind']}: {signature('', found['outcome'], found['message'])}"

@@ -1,0 +1,73 @@
+"""The coverage space and the gate's coverage corpus: keys name what a program
+exercises, a greedy cover reaches everything its pool reaches, and a packed
+program computes exactly what its parts compute."""
+
+from __future__ import annotations
+
+import torch
+
+from etprop.program import builder, coverage_space
+from etprop.program.spec import FORMAT, validate
+
+
+def _program(nodes, outputs, state=None, dtype="float32", shape=(4, 8)):
+    return {"format": FORMAT, "state": state or {}, "methods": {"forward": {
+        "inputs": [{"name": "x", "shape": list(shape), "dtype": dtype}], "nodes": nodes, "outputs": outputs}}}
+
+
+LEAKY = _program([{"id": "v1", "op": "leaky_relu", "args": ["x"], "attrs": {"negative_slope": 0.2}},
+                  {"id": "v2", "op": "softmax", "args": ["v1"], "attrs": {"dim": -1}}], ["v2"])
+LINEAR = _program([{"id": "v1", "op": "linear", "args": ["x"], "state": "w"},
+                   {"id": "v2", "op": "add", "args": ["v1", "x"], "attrs": {"alpha": 0.5}}], ["v2"],
+                  {"w": {"kind": "weight", "shape": [8, 8], "seed": 4, "scale": 0.3}}, dtype="float16")
+
+
+def test_keys_name_ops_non_default_arguments_and_the_program_dtype():
+    keys = coverage_space.keys(LEAKY)
+    assert ("leaky_relu", "", "", "float32") in keys
+    assert ("leaky_relu", "negative_slope", "positive", "float32") in keys
+    assert ("softmax", "dim", "-1", "float32") in keys
+    assert not any(key[0] == "leaky_relu" and key[1] == "" and key[3] != "float32" for key in keys)
+    quantized = dict(LEAKY, quantization={"scheme": "static_per_tensor", "modules": None, "calibration": 1})
+    assert ("softmax", "", "", "quantized static_per_tensor") in coverage_space.keys(quantized)
+
+
+def test_keys_of_nested_control_flow_and_several_methods():
+    inner = {"params": ["a"], "nodes": [{"id": "u1", "op": "tanh", "args": ["a"]}], "outputs": ["u1"]}
+    outer = {"params": ["b"], "nodes": [{"id": "u2", "op": "map", "args": ["b"], "bodies": [inner]}],
+             "outputs": ["u2"]}
+    spec = _program([{"id": "v1", "op": "map", "args": ["x"], "bodies": [outer]}], ["v1"])
+    keys = coverage_space.keys(spec)
+    assert ("map>map", "", "", "float32") in keys and ("tanh", "", "", "float32") in keys
+    two = dict(LINEAR, methods={"forward": LINEAR["methods"]["forward"], "other": LINEAR["methods"]["forward"]})
+    assert ("methods", "2", "shared state", "float16") in coverage_space.keys(two)
+
+
+def test_the_greedy_cover_reaches_every_key_of_its_pool_with_fewer_programs():
+    pool = [LEAKY, LINEAR, _program([{"id": "v1", "op": "leaky_relu", "args": ["x"],
+                                      "attrs": {"negative_slope": 0.2}}], ["v1"])]
+    chosen, wanted = coverage_space.greedy_cover(pool)
+    assert sorted(chosen) == [0, 1]
+    assert set().union(*(coverage_space.keys(pool[i]) for i in chosen)) == wanted
+
+
+def test_a_packed_program_computes_what_its_parts_compute():
+    parts = [LEAKY, _program(LINEAR["methods"]["forward"]["nodes"], ["v2"], LINEAR["state"])]
+    assert coverage_space.packing_class(parts[0]) == coverage_space.packing_class(parts[1])
+    packed = coverage_space.pack(parts)
+    validate(packed)
+    assert len(packed["methods"]["forward"]["outputs"]) == 2
+    built_parts = [builder.build(part) for part in parts]
+    inputs = [value for built in built_parts for value in built.inputs("forward")]
+    expected = [value for built, part_inputs in zip(built_parts, [b.inputs("forward") for b in built_parts])
+                for value in built.eager("forward", part_inputs)]
+    got = builder.build(packed).eager("forward", tuple(inputs))
+    for left, right in zip(got, expected, strict=True):
+        torch.testing.assert_close(left, right, rtol=0, atol=0)
+
+
+def test_programs_of_several_methods_or_dtypes_are_not_packed_together():
+    two = dict(LINEAR, methods={"forward": LINEAR["methods"]["forward"], "other": LINEAR["methods"]["forward"]})
+    assert coverage_space.packing_class(two) is None
+    half = dict(LEAKY, dtype="float16")
+    assert coverage_space.packing_class(half) != coverage_space.packing_class(LEAKY)
