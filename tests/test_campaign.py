@@ -95,6 +95,8 @@ def test_a_campaign_shrinks_places_and_reports_its_defect(tmp_path):
     records = Summary.load(artifacts).records
     assert len(records) == 2 and all(r["flows"][0]["outcome"] == "mismatch" for r in records), \
         "the property stopped at its first failure"
+    assert {(r["item"], r["share"]) for r in records} == {
+        ("test_single_method.py::test_mixed_programs[test-broken-weights]", 1)}
     (defect,) = list((artifacts / "defects").glob("*/defect.json"))
     shrunk = repro.read(defect.parent / "shrunk.json")
     assert shrunk["shrink"]["one_minimal"] and shrunk["shrink"]["nodes"] < shrunk["shrink"]["nodes_before"]
@@ -238,6 +240,7 @@ def _results(tmp_path) -> Path:
          "flows": [{"flow": "xnnpack", "outcome": "mismatch", "known": None, "message": "output 0 <differs>"}]},
         {"property": "quantized", "digest": "c", "ops": ["layer"], "nodes": 1, "seconds": 2.0,
          "executorch_seconds": 1.5, "repro": None, "quantization": "dynamic_per_channel",
+         "item": "test_quantized.py::test_differential_quantized[xnnpack-dynamic_per_channel]", "share": 3,
          "flows": [{"flow": "xnnpack", "outcome": "pass", "known": None, "message": ""}]},
     ]
     (tmp_path / "results").mkdir()
@@ -258,7 +261,10 @@ def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
     assert summary.total_examples() == 3 and len(summary.failures()) == 1
     markdown, html_path = write_reports(summary, tmp_path / "reports")
     text = markdown.read_text()
-    assert "| mixed | `xnnpack` | 2 | 1 pass, 1 mismatch |" in text
+    # Designed: the mixed records name no item (share 1 assumed); the quantized item has share 3.
+    assert "| mixed | `xnnpack` | 2 | 0.0% | 66.7% | 1 pass, 1 mismatch |" in text
+    assert "| quantized | `xnnpack` | 1 | 100.0% | 33.3% | 1 pass |" in text
+    assert "least served: quantized x xnnpack, 0.33 of its designed share" in summary.text()
     assert "| dynamic_per_channel | `xnnpack` | 1 | 1 pass |" in text
     assert "dynamic_per_channel" in summary.text()
     page = html_path.read_text()

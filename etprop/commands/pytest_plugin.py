@@ -140,6 +140,7 @@ def share(weight: int):
     from hypothesis import settings as hypothesis_settings
 
     def apply(test):
+        test.etprop_share = weight
         if not ACTIVE_PROFILE.startswith("fuzz"):
             return test
         return hypothesis_settings(max_examples=hypothesis_settings.default.max_examples * weight)(test)
@@ -178,6 +179,16 @@ def etprop(pytestconfig):
                       flow_modules=module.split(",") if module else [])
     yield session
     session.close()
+
+
+@pytest.fixture(autouse=True)
+def _etprop_item(request):
+    """Results name the test item and its designed share, so a campaign's
+    summary can set what each property x flow got against what it was given."""
+    if "etprop" in request.fixturenames:
+        artifacts = request.getfixturevalue("etprop").artifacts
+        artifacts.item, artifacts.share = request.node.nodeid, getattr(request.function, "etprop_share", 1)
+    yield
 
 
 def pytest_terminal_summary(terminalreporter, config):

@@ -95,6 +95,22 @@ class Summary:
                     cells[(record["quantization"], flow["flow"])][label] += 1
         return dict(cells)
 
+    def shares(self) -> dict[tuple[str, str], tuple[float, float]]:
+        """Per property x flow: (designed, got) fractions of all flow results.
+        Designed: the shares of the test items that report to the cell (each
+        round asks an item for its share of examples); got: its flow results."""
+        items: dict[tuple[str, str], dict] = defaultdict(dict)
+        got: Counter = Counter()
+        for record in self.records:
+            for flow in record["flows"]:
+                cell = (record["property"], flow["flow"])
+                got[cell] += 1
+                if record.get("item"):
+                    items[cell][record["item"]] = record.get("share", 1)
+        designed = {cell: sum(shares.values()) for cell, shares in items.items()}
+        total_designed, total_got = sum(designed.values()) or 1, sum(got.values()) or 1
+        return {cell: (designed.get(cell, 0) / total_designed, got[cell] / total_got) for cell in got}
+
     def total_examples(self) -> int:
         return len(self.records)
 
@@ -179,10 +195,17 @@ class Summary:
                          f"{self.artifacts}):")
         for row in queued:
             lines.append(f"  {row.title}: {row.hits} hit(s), smallest {row.nodes} node(s); repro: {row.repro}")
-        lines += ["", "property x flow: outcomes"]
+        shares = self.shares()
+        lines += ["", "property x flow: outcomes (share of flow results: designed / got)"]
         for (prop, flow), counts in sorted(self.cells().items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
-            lines.append(f"  {prop:24} {flow:22} {sum(counts.values()):5} examples: {outcome_text}")
+            designed, got = shares.get((prop, flow), (0.0, 0.0))
+            lines.append(f"  {prop:24} {flow:22} {sum(counts.values()):5} examples ({designed:5.1%} / {got:5.1%}): "
+                         f"{outcome_text}")
+        short = [(got / designed, cell) for cell, (designed, got) in shares.items() if designed]
+        if short:
+            ratio, (prop, flow) = min(short)
+            lines.append(f"  least served: {prop} x {flow}, {ratio:.2f} of its designed share")
         quantized = self.quantization_cells()
         if quantized:
             share = sum(1 for r in self.records if r.get("quantization"))
@@ -203,10 +226,13 @@ class Summary:
                          f"| {row.hits} | {self._cells_text(row)} | `{row.repro}`{draft} |")
         for row in queued:
             lines.append(f"| queued | `{row.title}` | {row.hits} | {self._cells_text(row)} | `{row.repro}` |")
-        lines += ["", "| property | flow | examples | outcomes |", "|---|---|---|---|"]
+        shares = self.shares()
+        lines += ["", "| property | flow | examples | designed share | got | outcomes |",
+                  "|---|---|---|---|---|---|"]
         for (prop, flow), counts in sorted(self.cells().items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
-            lines.append(f"| {prop} | `{flow}` | {sum(counts.values())} | {outcome_text} |")
+            designed, got = shares.get((prop, flow), (0.0, 0.0))
+            lines.append(f"| {prop} | `{flow}` | {sum(counts.values())} | {designed:.1%} | {got:.1%} | {outcome_text} |")
         quantized = self.quantization_cells()
         if quantized:
             lines += ["", "| quantization scheme | flow | flow results | outcomes |", "|---|---|---|---|"]

@@ -84,6 +84,8 @@ class Artifacts:
         self.root = Path(root)
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         self.results_file = self.root / "results" / f"{worker}-{os.getpid()}.jsonl"
+        # The property test item under way and its designed share of a campaign round.
+        self.item, self.share = "", 1
 
     def pending_path(self, spec: dict, prop: str) -> Path:
         return self.root / "pending" / f"{prop}--{specmod.digest(spec)}.json"
@@ -127,6 +129,7 @@ class Artifacts:
                 "executorch_seconds": round(result.executorch_seconds, 3),
                 "repro": str(result.repro) if result.repro else None,
                 "quantization": (result.spec.get("quantization") or {}).get("scheme"),
+                "item": self.item, "share": self.share,
                 "flows": [{"flow": r.flow, "outcome": r.outcome.value, "known": r.known,
                            "message": r.message[:2000],
                            # From the whole message: the stored one is cut short.
