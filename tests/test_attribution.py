@@ -429,3 +429,32 @@ def test_each_finding_alone_is_lowered_once_for_every_flow_of_an_example(session
              for index in range(3)]
     assert named == ["F2", "F2", "F2"]
     assert runs == [["F1"], ["F2"]]
+
+
+def test_the_most_specific_nominated_cause_is_tried_first(session, monkeypatch):
+    """Each try lowers the program again: a finding that needs a quantized
+    computed weight is tried before one that any weight_norm program matches,
+    and one naming an op with an argument before one naming the op alone."""
+    from etprop.verdicts.check import ExampleResult, FlowResult
+    from etprop.verdicts.outcomes import Outcome
+
+    def finding(name, **conditions):
+        return known_findings.Finding(id=name, title="", flows=("a",), outcome="mismatch", pattern="differ",
+                                      repro="", **conditions)
+
+    found = [finding("broad"), finding("op", ops=("addmm", "mm")), finding("op-attr", ops=("addmm",),
+                                                                           attrs=("alpha",)),
+             finding("quantized", quantized_computed_weight=True)]
+    monkeypatch.setattr(known_findings, "neutralized", lambda spec, chosen: (dict(spec, n=chosen[0].id), 1))
+    tried = []
+
+    def run(spec, flows, prop, oracles, worker=None, record_export_failure=True):
+        tried.append(spec["n"])
+        return ExampleResult(prop, spec, [FlowResult("a", Outcome.PASS, [])])
+
+    monkeypatch.setattr(session, "_run", run)
+    failing = FlowResult("a", Outcome.MISMATCH, [])
+    assert session._which({"format": FORMAT}, [], "mixed", [], 0, failing, found, {}) == "quantized"
+    assert tried == ["quantized"]
+    assert [f.id for f in sorted(found, key=lambda f: f.specificity, reverse=True)] == [
+        "quantized", "op-attr", "op", "broad"]

@@ -73,6 +73,14 @@ class Finding:
             for _, node in all_nodes(spec))
 
     @property
+    def specificity(self) -> tuple:
+        """How narrowly the finding's conditions pick programs: attribution
+        tries the most specific cause first (a quantized computed weight
+        before any program with a weight_norm)."""
+        return (bool(self.quantized_computed_weight or self.parametrization), bool(self.attrs),
+                bool(self.ops), -len(self.ops))
+
+    @property
     def repro_path(self) -> Path:
         return FINDINGS_DIR / self.repro
 

@@ -241,11 +241,12 @@ class Session:
         """Of several findings nominated for one failure that their causes,
         neutralized together, made go: the first whose cause alone does (one
         that merely shares the op and the message is not named), or all of
-        them joined by "+" when none alone does. ``alone_runs`` keeps each
-        single neutralization's run for the example's other flows."""
+        them joined by "+" when none alone does. The most specific cause is
+        tried first (each try lowers the program again); ``alone_runs`` keeps
+        each single neutralization's run for the example's other flows."""
         if len(found) == 1:
             return found[0].id
-        for finding in found:
+        for finding in sorted(found, key=lambda f: f.specificity, reverse=True):
             if finding.id not in alone_runs:
                 alone_runs[finding.id] = self._run_alone(spec, flows, prop, oracles, finding)
             if alone_runs[finding.id] is None:
