@@ -157,3 +157,15 @@ def test_a_packed_program_that_fails_is_judged_by_its_parts(tmp_path):
     assert [item.source for item in compared] == [p.source for p in parts] + ["coverage #1"]
     regressed = [item.source for item in compared if cross_gate.judge(item, "baseline", "candidate")]
     assert regressed == ["coverage #0 part 2"]
+
+
+@pytest.mark.slow
+def test_a_flow_that_prints_to_stdout_does_not_break_the_workers_channel(tmp_path):
+    noisy = str(ROOT / "tests" / "fixtures" / "noisy_flows.py")
+    run = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "gate", "--baseline-env", sys.executable,
+                          "--candidate-env", sys.executable, "--flow", "test-noisy", "--flow-module", noisy,
+                          "--programs", str(PROGRAMS / "no_relu.json"), "--artifacts", str(tmp_path / "gate")],
+                         capture_output=True, text=True, cwd=tmp_path)
+    assert run.returncode == 0 and "VERDICT: PASS: no regression on 1 programs" in run.stdout, \
+        run.stdout + run.stderr
+    assert "noisy flow: native-style write" in (tmp_path / "gate" / "candidate" / "worker.log").read_text()

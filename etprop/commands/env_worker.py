@@ -27,6 +27,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -116,8 +117,12 @@ def main(argv=None) -> int:
     parser.add_argument("--artifacts", required=True)
     parser.add_argument("--flow-module", action="append", default=[])
     args = parser.parse_args(argv)
-    # Everything else this process prints goes to stderr: stdout carries the protocol.
-    protocol, sys.stdout = sys.stdout, sys.stderr
+    # stdout carries the protocol, on a descriptor of its own; file descriptor
+    # 1 becomes stderr, so whatever else prints (this process, the isolated
+    # workers it forks, native code) goes there.
+    sys.stdout.flush()
+    protocol = os.fdopen(os.dup(1), "w", buffering=1)
+    os.dup2(2, 1)
     from etprop import flows
     from etprop.verdicts.session import Session
 
