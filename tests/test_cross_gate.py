@@ -134,11 +134,15 @@ def test_replay_in_another_environment_runs_that_environments_etprop(tmp_path):
 class _FakeEnvironment:
     """Answers by a rule instead of lowering: enough to drive CrossGate."""
 
-    def __init__(self, label, failing):
-        self.label, self.failing, self.asked = label, failing, []
+    def __init__(self, label, failing, slow=()):
+        self.label, self.failing, self.slow, self.asked = label, failing, slow, []
 
-    def run(self, spec, prop, flow):
+    def run(self, spec, prop, flow, deadline=None):
+        from etprop.commands.environments import OutOfTime
+
         self.asked.append(spec["name"])
+        if spec["name"] in self.slow:
+            raise OutOfTime()
         bad = any(name in self.failing for name in spec["name"].split("+"))
         return _answer("mismatch", MISMATCH.format(n=3, got=0.5)) if bad else _answer()
 
@@ -169,3 +173,12 @@ def test_a_flow_that_prints_to_stdout_does_not_break_the_workers_channel(tmp_pat
     assert run.returncode == 0 and "VERDICT: PASS: no regression on 1 programs" in run.stdout, \
         run.stdout + run.stderr
     assert "noisy flow: native-style write" in (tmp_path / "gate" / "candidate" / "worker.log").read_text()
+
+
+def test_a_program_the_budget_cuts_short_is_not_compared_and_breaks_nothing():
+    items = [cross_gate.Item(f"drawn mixed #{i}", "mixed", {"name": name}) for i, name in enumerate("xyz")]
+    baseline, candidate = _FakeEnvironment("baseline", set()), _FakeEnvironment("candidate", set(), slow={"y"})
+    gate = cross_gate.CrossGate(baseline, candidate, "xnnpack", "xnnpack", 5, items)
+    gate.run(started=__import__("time").time())
+    assert candidate.asked == ["x", "y"] and not gate.broken
+    assert [item.source for item in gate.compared()] == ["drawn mixed #0"]

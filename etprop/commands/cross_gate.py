@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Optional
 
 from etprop.commands.compare import compare, improved
-from etprop.commands.environments import Environment, EnvironmentFailed
+from etprop.commands.environments import Environment, EnvironmentFailed, OutOfTime
 from etprop.errors import UsageError
 from etprop.oracles import differential
 from etprop.program import spec as specmod
@@ -244,6 +244,7 @@ class CrossGate:
     minutes: float = DEFAULT_MINUTES
     items: list[Item] = field(default_factory=list)
     broken: dict = field(default_factory=dict)   # environment label -> why its worker failed
+    started: float = field(default_factory=time.time)
 
     def _walk(self, environment: Environment, flow: str, until: float, items: list[Item]) -> None:
         for done, item in enumerate(items):
@@ -253,7 +254,11 @@ class CrossGate:
             if done and done % PROGRESS_EVERY == 0:
                 print(f"  {environment.label}: {done} of {len(items)} programs", flush=True)
             try:
-                item.answers[environment.label] = environment.run(item.spec, item.prop, flow)
+                item.answers[environment.label] = environment.run(item.spec, item.prop, flow, deadline=until)
+            except OutOfTime:
+                print(f"  {environment.label}: budget reached during program {done + 1} of {len(items)} "
+                      "(stopped; not compared)", flush=True)
+                return
             except EnvironmentFailed as exc:
                 self.broken[environment.label] = str(exc).splitlines()[0]
                 return
@@ -269,11 +274,16 @@ class CrossGate:
     def _answered(self, item: Item) -> bool:
         return self.baseline.label in item.answers and self.candidate.label in item.answers
 
+    @property
+    def deadline(self) -> float:
+        return self.started + self.minutes * 60
+
     def run(self, started: float) -> None:
         """The corpus in both environments; then the parts of every packed
         program that failed on either side, each on its own, so a known
         failure in one part hides nothing in the others and a regression is
         narrowed to its part."""
+        self.started = started
         until = started + self.minutes * 60 * (1 - SHRINK_SHARE)
         self._both(self.items, until)
         unpack = [part for item in self.items if item.parts and self._answered(item)
@@ -333,16 +343,21 @@ def _shrink(gate: CrossGate, regression: dict, item: Item, artifacts: Path, line
         repro.write(Path(path), item.spec, [flow], item.prop, answer["outcome"], answer.get("message", ""),
                     script=False)
     try:
-        shrunk = env.shrink(path, flow)
+        shrunk = env.shrink(path, flow, deadline=gate.deadline)
+    except OutOfTime:
+        lines.append(f"    not shrunk: the budget ended first; repro: {path}")
+        return
     except EnvironmentFailed as exc:
-        lines.append(f"    not shrunk: {str(exc).splitlines()[0]}")
+        lines.append(f"    not shrunk: {str(exc).splitlines()[0]}; repro: {path}")
         return
     if not shrunk.get("shrunk"):
         lines.append(f"    not shrunk ({shrunk.get('message', '')[:160]}); repro: {path}")
         return
     shrunk_spec = repro.read(shrunk["shrunk"])["spec"]
     try:
-        on_baseline = gate.baseline.run(shrunk_spec, item.prop, gate.baseline_flow)["outcome"]
+        on_baseline = gate.baseline.run(shrunk_spec, item.prop, gate.baseline_flow, deadline=gate.deadline)["outcome"]
+    except OutOfTime:
+        on_baseline = "not run (the budget ended)"
     except EnvironmentFailed as exc:
         on_baseline = f"not run ({str(exc).splitlines()[0]})"
     lines.append(f"    shrunk in the candidate environment to {shrunk['nodes']} node(s): {shrunk['shrunk']} "

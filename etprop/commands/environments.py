@@ -19,10 +19,11 @@ import json
 import os
 import queue
 import shutil
+import signal
 import subprocess
 import sys
-import sysconfig
 import threading
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -39,6 +40,11 @@ LAYER_FILE = "etprop-layer.pth"
 
 class EnvironmentFailed(RuntimeError):
     """The environment's worker died or broke the protocol: no verdict from it."""
+
+
+class OutOfTime(Exception):
+    """The budget ended while the environment worked on a request; its worker
+    was stopped (and starts again on the next request)."""
 
 
 def _site_packages(python: str) -> str:
@@ -119,9 +125,12 @@ class Environment:
         for module in self.flow_modules:
             command += ["--flow-module", module]
         self._stderr = open(self.artifacts / "worker.log", "ab")
+        self._lines = queue.Queue()
+        # A session of its own: stopping the worker stops its isolated workers too.
         self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self._stderr, text=True, bufsize=1, cwd=self.artifacts)
-        threading.Thread(target=self._read, daemon=True).start()
+                                         stderr=self._stderr, text=True, bufsize=1, cwd=self.artifacts,
+                                         start_new_session=True)
+        threading.Thread(target=self._read, args=(self._process.stdout, self._lines), daemon=True).start()
         first = self._receive(START_SECONDS)
         if first is None:
             tail = self.log_tail()
@@ -137,10 +146,11 @@ class Environment:
         self.versions, self.flows = first["versions"], first["flows"]
         return self
 
-    def _read(self) -> None:
-        for line in self._process.stdout:
-            self._lines.put(line)
-        self._lines.put(None)
+    @staticmethod
+    def _read(stdout, lines: queue.Queue) -> None:
+        for line in stdout:
+            lines.put(line)
+        lines.put(None)
 
     def _receive(self, timeout: float) -> Optional[dict]:
         try:
@@ -168,7 +178,15 @@ class Environment:
         reason = self.flows[flow]
         return reason.strip().splitlines()[0] if reason else None
 
-    def request(self, message: dict, timeout: float = REQUEST_SECONDS) -> dict:
+    def request(self, message: dict, timeout: float = REQUEST_SECONDS, deadline: Optional[float] = None) -> dict:
+        """Send one request and wait for its answer, at most ``timeout``
+        seconds and not past ``deadline`` (OutOfTime then)."""
+        if self._process is None:
+            self.start()
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.time())
+            if timeout <= 0:
+                raise OutOfTime()
         self._next_id += 1
         message = dict(message, id=self._next_id)
         try:
@@ -177,6 +195,9 @@ class Environment:
         except (BrokenPipeError, OSError):
             raise EnvironmentFailed(f"{self.label} environment's worker is gone: {self.log_tail(400)}") from None
         answer = self._receive(timeout)
+        if answer is None and deadline is not None and time.time() >= deadline - 1:
+            self.close(force=True)
+            raise OutOfTime()
         if answer is None:
             raise EnvironmentFailed(f"{self.label} environment's worker did not answer within {timeout:g} s: "
                                     f"{self.log_tail(400)}")
@@ -186,20 +207,26 @@ class Environment:
             raise EnvironmentFailed(f"{self.label} environment: etprop's worker failed: {answer['error']}")
         return answer
 
-    def run(self, spec: dict, prop: str, flow: str) -> dict:
-        return self.request({"spec": spec, "prop": prop, "flow": flow})
+    def run(self, spec: dict, prop: str, flow: str, deadline: Optional[float] = None) -> dict:
+        return self.request({"spec": spec, "prop": prop, "flow": flow}, deadline=deadline)
 
-    def shrink(self, repro: str, flow: str) -> dict:
-        return self.request({"shrink": repro, "flow": flow}, timeout=SHRINK_SECONDS)
+    def shrink(self, repro: str, flow: str, deadline: Optional[float] = None) -> dict:
+        return self.request({"shrink": repro, "flow": flow}, timeout=SHRINK_SECONDS, deadline=deadline)
 
-    def close(self) -> None:
+    def close(self, force: bool = False) -> None:
         if self._process is None:
             return
         try:
+            if force:
+                raise subprocess.TimeoutExpired("stop", 0)
             self._process.stdin.close()
             self._process.wait(timeout=30)
         except (OSError, subprocess.TimeoutExpired):
-            self._process.kill()
+            try:
+                os.killpg(self._process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self._process.wait(timeout=30)
         self._stderr.close()
         self._process = None
 
