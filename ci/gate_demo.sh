@@ -21,7 +21,7 @@ layer() {  # layer NAME ARGS...: a layered environment, made once
 gate() {  # gate CASE ARGS...: run one case, keep its output and time
   rm -rf "$out/$1"
   local started=$SECONDS
-  (cd "$out" && etprop gate --artifacts "$out/$1" "${@:2}") 2>&1 | grep -v -E "Warning|warn\(|return func" \
+  (cd "$out" && etprop gate --artifacts "$out/$1" "${@:2}") 2>&1 | grep --line-buffered -v -E "Warning|warn\(|return func" \
     | tee "$out/$1.log"
   local code=${PIPESTATUS[0]}
   echo "$1: exit $code in $((SECONDS - started)) s" | tee -a "$out/times.txt"

@@ -42,6 +42,7 @@ DEFAULT_PER_FAMILY = 6
 COVERAGE_POOL = 150
 PACK_SIZE = 10
 PROGRESS_EVERY = 10
+NOT_COVERED_SHOWN = 25
 
 
 @dataclass
@@ -306,8 +307,9 @@ class CrossGate:
         return leaves
 
 
-def _coverage(items: list[Item], wanted: set) -> list[str]:
-    """What the compared programs covered, and what they did not."""
+def _coverage(items: list[Item], wanted: set) -> tuple[list[str], set]:
+    """What the compared programs covered, and what they did not: report
+    lines, and the combinations reached."""
     from etprop.program import coverage_space
     from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS
 
@@ -324,12 +326,14 @@ def _coverage(items: list[Item], wanted: set) -> list[str]:
                      "reaches")
         missed = Counter(f"{key[0]}{'.' + key[1] if key[1] else ''}" for key in wanted - reached)
         if missed:
-            lines.append("not covered (combinations by op and argument): "
-                         + ", ".join(f"{name} {n}" for name, n in sorted(missed.items())))
+            shown = ", ".join(f"{name} {n}" for name, n in missed.most_common(NOT_COVERED_SHOWN))
+            more = len(missed) - NOT_COVERED_SHOWN
+            lines.append(f"not covered (combinations by op and argument, most first): {shown}"
+                         + (f", and {more} more (coverage.json lists every combination)" if more > 0 else ""))
     never = sorted((set(OPS) | set(CONTROL_FLOW_OPS)) - {"layer"} - ops)
     if never:
         lines.append(f"ops never run: {', '.join(never)}")
-    return lines
+    return lines, reached
 
 
 def _shrink(gate: CrossGate, regression: dict, item: Item, artifacts: Path, lines: list[str]) -> None:
@@ -424,7 +428,10 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
                 f"({', '.join(f'{n} {kind}' for kind, n in sources.items())}; corpus of {len(gate.items)})")
     body.append("per program: " + ", ".join(f"{n} {kind}" for kind, n in tally(compared, baseline.label,
                                                                               candidate.label).items()))
-    body.extend(_coverage(compared, wanted))
+    coverage_lines, reached = _coverage(compared, wanted)
+    body.extend(coverage_lines)
+    (artifacts / "coverage.json").write_text(json.dumps(
+        {"reached": sorted(reached), "not reached": sorted(wanted - reached)}, indent=1))
     groups: dict[str, list] = {}
     for item, found in regressions:
         key = f"{found['kind']}: {signature('', found['outcome'], found['message'])}"
