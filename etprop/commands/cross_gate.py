@@ -38,9 +38,12 @@ DEFAULT_MINUTES = 15.0
 SHRINK_SHARE = 0.25
 SHRINK_AT_MOST = 3
 DEFAULT_PER_FAMILY = 6
-# Drawn programs per family the coverage corpus chooses from, and programs per packed program.
+# Drawn programs per family the coverage corpus chooses from, and programs per packed program;
+# coreai-torch converts a large quantized program slowly and in gigabytes (finding COREAI-004),
+# so flows run by the Core AI runtime get smaller packs.
 COVERAGE_POOL = 150
 PACK_SIZE = 10
+PACK_SIZE_BY_RUNTIME = {"coreai": 3}
 PROGRESS_EVERY = 10
 NOT_COVERED_SHOWN = 25
 
@@ -145,12 +148,13 @@ def coverage_corpus(seed: int, pool_per_family: int = COVERAGE_POOL, pack_size: 
     return items, wanted
 
 
-def corpus(seed: int, per_family: int, findings: bool = True) -> tuple[list[Item], set]:
+def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = PACK_SIZE
+           ) -> tuple[list[Item], set]:
     """Recorded findings first, then the coverage corpus, then ``per_family``
     drawn programs of each family, interleaved so a short budget still
     reaches every family; and the combinations the coverage corpus aims at."""
     items = _finding_items() if findings else []
-    covering, wanted = coverage_corpus(seed)
+    covering, wanted = coverage_corpus(seed, pack_size=pack_size)
     items += covering
     by_family = {name: drawn(strategy, per_family, seed + 1) for name, strategy in _families().items()}
     for index in range(per_family):
@@ -409,7 +413,10 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
     if missing:
         return finish(f"VERDICT: FAIL: {candidate_flow} runs in the baseline environment but not in the candidate "
                       f"environment: {missing}", 1, lines)
-    items, wanted = (program_items(args.programs), set()) if args.programs else corpus(args.seed, args.per_family)
+    pack_size = min(PACK_SIZE_BY_RUNTIME.get(env.runtimes.get(flow), PACK_SIZE)
+                    for env, flow in ((baseline, baseline_flow), (candidate, candidate_flow)))
+    items, wanted = ((program_items(args.programs), set()) if args.programs
+                     else corpus(args.seed, args.per_family, pack_size=pack_size))
     gate = CrossGate(baseline, candidate, baseline_flow, candidate_flow, args.minutes, items)
     gate.run(started)
     compared = gate.compared()

@@ -10,8 +10,9 @@ in the plain format below, which the parent reads without importing anything
 from the environment.
 
 Protocol (one JSON object per line; ``format`` is ``FORMAT``):
-- on start, the worker writes ``{"format", "ready": true, "versions", "flows"}``
-  (``flows``: every registered flow and why it is unavailable, "" if it is);
+- on start, the worker writes ``{"format", "ready": true, "versions", "flows",
+  "runtimes"}`` (``flows``: every registered flow and why it is unavailable, ""
+  if it is; ``runtimes``: what runs each flow's lowering);
 - the parent writes ``{"id", "spec", "prop", "flow"}``; the worker answers
   ``{"format", "id", "outcome", "known", "message", "oracles", "facts",
   "repro", "seconds"}``: the single-flow oracles run here (they read the
@@ -133,7 +134,8 @@ def main(argv=None) -> int:
         protocol.write(json.dumps(message) + "\n")
         protocol.flush()
 
-    send({"format": FORMAT, "ready": True, "versions": versions(), "flows": flow_reasons()})
+    send({"format": FORMAT, "ready": True, "versions": versions(), "flows": flow_reasons(),
+          "runtimes": {flow.name: flow.runtime for flow in flows.all_flows()}})
     session = Session(Path(args.artifacts), flow_modules=args.flow_module)
     try:
         for line in sys.stdin:

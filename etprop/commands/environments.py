@@ -111,6 +111,7 @@ class Environment:
         self.flow_modules = list(flow_modules)
         self.versions: dict = {}
         self.flows: dict = {}
+        self.runtimes: dict = {}
         self._process: Optional[subprocess.Popen] = None
         self._lines: "queue.Queue[Optional[str]]" = queue.Queue()
         self._next_id = 0
@@ -143,7 +144,7 @@ class Environment:
         if first.get("format") != FORMAT:
             raise UsageError(f"{self.label} environment runs etprop with worker format {first.get('format')}, "
                              f"this etprop speaks {FORMAT}: install the same etprop in both environments")
-        self.versions, self.flows = first["versions"], first["flows"]
+        self.versions, self.flows, self.runtimes = first["versions"], first["flows"], first.get("runtimes", {})
         return self
 
     @staticmethod
