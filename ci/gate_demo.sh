@@ -9,7 +9,8 @@
 # Environments go to artifacts/gate-demo/envs (layered over .venv, made by `etprop env`),
 # each case's output to artifacts/gate-demo/CASE.log, the times to artifacts/gate-demo/times.txt.
 source "$(dirname "$0")/venv.sh"
-set -uo pipefail
+# venv.sh stops on the first failing command; a failing gate is an expected outcome here.
+set +e -uo pipefail
 out="$root/artifacts/gate-demo"
 envs="$out/envs"
 mkdir -p "$envs"

@@ -458,3 +458,21 @@ def test_the_most_specific_nominated_cause_is_tried_first(session, monkeypatch):
     assert tried == ["quantized"]
     assert [f.id for f in sorted(found, key=lambda f: f.specificity, reverse=True)] == [
         "quantized", "op-attr", "op", "broad"]
+
+
+def test_a_flow_built_on_a_backend_is_nominated_that_backends_findings(monkeypatch):
+    """An outside package's candidate built on XNNPACK has another name than
+    any finding lists: its failures are still nominated XNNPACK's findings
+    (and attribution still proves each by neutralizing its cause)."""
+    from etprop.flows import _REGISTRY
+
+    renamed = "test-renamed-xnnpack"
+    flows.all_flows()
+    monkeypatch.setitem(_REGISTRY, renamed, dataclasses.replace(flows.get("xnnpack"), name=renamed,
+                                                                baseline="xnnpack"))
+    flow_name, spec = BROAD["XNN-001"]
+    finding = next(f for f in known_findings.load() if f.id == "XNN-001")
+    message = "[eager equivalence] FAILED (mismatch): 3 / 8 elements differ"
+    assert known_findings.lineage(renamed) == [renamed, "xnnpack"]
+    assert finding in known_findings.nominate(renamed, "mismatch", message, spec)
+    assert finding not in known_findings.nominate("portable", "mismatch", message, spec)

@@ -94,9 +94,29 @@ def load() -> list[Finding]:
             for entry in entries]
 
 
+def lineage(flow: str) -> list[str]:
+    """The flow and the flows it is built on (its baseline, that one's, ...):
+    a candidate built on a backend inherits that backend's defects, whatever
+    the candidate is called (an outside package's flow included)."""
+    from etprop import flows
+
+    names = [flow]
+    while True:
+        try:
+            base = flows.get(names[-1]).baseline
+        except Exception:
+            return names
+        if not base or base in names or base == "portable":
+            return names
+        names.append(base)
+
+
 def nominate(flow: str, outcome: str, message: str, spec: Optional[dict] = None) -> list[Finding]:
-    """Every confirmed finding whose signature the failure matches."""
-    return [finding for finding in load() if finding.matches(flow, outcome, message, spec)]
+    """Every confirmed finding whose signature the failure matches, on the
+    flow or a flow it is built on (nominated only: attribution still proves
+    each by neutralizing its cause)."""
+    names = lineage(flow)
+    return [finding for finding in load() if any(finding.matches(name, outcome, message, spec) for name in names)]
 
 
 def neutralized(spec: dict, findings: list[Finding]) -> tuple[dict, int]:
