@@ -57,3 +57,15 @@ def test_a_fix_is_an_improvement_and_facts_are_read_from_the_message():
     assert not improved(_record(PASS, PASS))
     facts = mismatch_facts(_mismatch(output=2, elements=5, eager=1.0, got=1.3, allowed=0.1))
     assert facts["where"] == ("forward", 2) and facts["elements"] == 5 and facts["excess"] == pytest.approx(3.0)
+
+
+def test_a_failure_naming_its_own_flow_is_the_same_failure_on_both_flows():
+    """A crash message names the flow it happened in; the same crash on the
+    baseline and the candidate is not a changed failure."""
+    crash = "[isolation] FAILED (crash): crash: SIGABRT in runtime execution of 'forward' ({})"
+    record = {"property": "mixed", "flows": [
+        {"flow": "xnnpack", "outcome": "crash", "known": None, "message": crash.format("xnnpack")},
+        {"flow": "xnnpack+fold-pkg", "outcome": "crash", "known": None, "message": crash.format("xnnpack+fold-pkg")}]}
+    assert compare(record) is None
+    record["flows"][1]["message"] = crash.format("xnnpack+fold-pkg").replace("SIGABRT", "SIGSEGV")
+    assert compare(record)["kind"] == "changed failure"

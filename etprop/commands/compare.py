@@ -50,6 +50,11 @@ def mismatch_facts(message: str) -> dict:
     return facts
 
 
+def _unnamed(result: dict) -> str:
+    """The message without its own flow's name (a crash names the flow it was in)."""
+    return result["message"].replace(result["flow"], "<flow>")
+
+
 def _is_failing(result: dict) -> bool:
     return Outcome(result["outcome"]).is_failure or result["outcome"] == Outcome.UNSUPPORTED.value
 
@@ -73,7 +78,7 @@ def compare(record: dict) -> Optional[dict]:
                 "why": f"the baseline's failure is known finding {base['known']}; the candidate's is not explained by it"}
     if candidate["outcome"] != base["outcome"]:
         return {"kind": "changed failure", "why": f"the baseline failed as {base['outcome']}"}
-    if signature("", base["outcome"], base["message"]) != signature("", candidate["outcome"], candidate["message"]):
+    if signature("", base["outcome"], _unnamed(base)) != signature("", candidate["outcome"], _unnamed(candidate)):
         return {"kind": "changed failure", "why": "the baseline failed with another oracle or message"}
     if candidate["outcome"] == Outcome.MISMATCH.value:
         before, after = mismatch_facts(base["message"]), mismatch_facts(candidate["message"])

@@ -258,15 +258,23 @@ class CrossGate:
                 return
             if done and done % PROGRESS_EVERY == 0:
                 print(f"  {environment.label}: {done} of {len(items)} programs", flush=True)
-            try:
-                item.answers[environment.label] = environment.run(item.spec, item.prop, flow, deadline=until)
-            except OutOfTime:
-                print(f"  {environment.label}: budget reached during program {done + 1} of {len(items)} "
-                      "(stopped; not compared)", flush=True)
-                return
-            except EnvironmentFailed as exc:
-                self.broken[environment.label] = str(exc).splitlines()[0]
-                return
+            # A packed program that fails here is run part by part at once,
+            # not after the whole corpus, which the budget may not reach.
+            for program in [item] + item.parts:
+                if program is not item and Outcome(item.answers[environment.label]["outcome"]) is Outcome.PASS:
+                    break
+                if environment.label in program.answers:
+                    continue
+                try:
+                    program.answers[environment.label] = environment.run(program.spec, program.prop, flow,
+                                                                         deadline=until)
+                except OutOfTime:
+                    print(f"  {environment.label}: budget reached during program {done + 1} of {len(items)} "
+                          "(stopped; not compared)", flush=True)
+                    return
+                except EnvironmentFailed as exc:
+                    self.broken[environment.label] = str(exc).splitlines()[0]
+                    return
 
     def _both(self, items: list[Item], until: float) -> None:
         walkers = [threading.Thread(target=self._walk, args=(env, flow, until, items))
@@ -293,7 +301,7 @@ class CrossGate:
         self._both(self.items, until)
         unpack = [part for item in self.items if item.parts and self._answered(item)
                   and any(Outcome(a["outcome"]) is not Outcome.PASS for a in item.answers.values())
-                  for part in item.parts]
+                  for part in item.parts if not self._answered(part)]
         if unpack:
             print(f"  running the {len(unpack)} parts of packed programs that failed on either side", flush=True)
             self._both(unpack, until)
