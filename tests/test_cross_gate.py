@@ -137,7 +137,7 @@ class _FakeEnvironment:
     def __init__(self, label, failing, slow=()):
         self.label, self.failing, self.slow, self.asked = label, failing, slow, []
 
-    def run(self, spec, prop, flow, deadline=None):
+    def run(self, spec, prop, flow, deadline=None, attribute=True):
         from etprop.commands.environments import OutOfTime
 
         self.asked.append(spec["name"])

@@ -266,8 +266,11 @@ class CrossGate:
                 if environment.label in program.answers:
                     continue
                 try:
+                    # A failing packed program is judged by its parts: attributing
+                    # its failure (lowering it again per nominated cause) is wasted.
                     program.answers[environment.label] = environment.run(program.spec, program.prop, flow,
-                                                                         deadline=until)
+                                                                         deadline=until,
+                                                                         attribute=not program.parts)
                 except OutOfTime:
                     print(f"  {environment.label}: budget reached during program {done + 1} of {len(items)} "
                           "(stopped; not compared)", flush=True)

@@ -13,7 +13,9 @@ Protocol (one JSON object per line; ``format`` is ``FORMAT``):
 - on start, the worker writes ``{"format", "ready": true, "versions", "flows",
   "runtimes"}`` (``flows``: every registered flow and why it is unavailable, ""
   if it is; ``runtimes``: what runs each flow's lowering);
-- the parent writes ``{"id", "spec", "prop", "flow"}``; the worker answers
+- the parent writes ``{"id", "spec", "prop", "flow"[, "attribute"]}`` (``attribute``
+  false: no attribution to known findings, for a packed program whose parts
+  are judged on their own); the worker answers
   ``{"format", "id", "outcome", "known", "message", "oracles", "facts",
   "repro", "seconds"}``: the single-flow oracles run here (they read the
   lowering's objects); ``facts`` (size, delegate calls, ops left outside
@@ -84,7 +86,8 @@ def run_one(session, request: dict) -> dict:
     prop = SINGLE_FLOW_PROPERTY.get(request["prop"], request["prop"])
     answer = {"format": FORMAT, "id": request.get("id"), "facts": {}, "oracles": [], "repro": None, "known": None}
     try:
-        result = session.run(request["spec"], [flow], prop, ORACLES_BY_PROPERTY[prop], attribute=True)
+        result = session.run(request["spec"], [flow], prop, ORACLES_BY_PROPERTY[prop],
+                             attribute=request.get("attribute", True))
     except ExportFailed as exc:
         answer.update(outcome=Outcome.EXPORT_ERROR.value, message=f"does not export here: {exc}".splitlines()[0])
     else:

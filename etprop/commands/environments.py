@@ -208,8 +208,8 @@ class Environment:
             raise EnvironmentFailed(f"{self.label} environment: etprop's worker failed: {answer['error']}")
         return answer
 
-    def run(self, spec: dict, prop: str, flow: str, deadline: Optional[float] = None) -> dict:
-        return self.request({"spec": spec, "prop": prop, "flow": flow}, deadline=deadline)
+    def run(self, spec: dict, prop: str, flow: str, deadline: Optional[float] = None, attribute: bool = True) -> dict:
+        return self.request({"spec": spec, "prop": prop, "flow": flow, "attribute": attribute}, deadline=deadline)
 
     def shrink(self, repro: str, flow: str, deadline: Optional[float] = None) -> dict:
         return self.request({"shrink": repro, "flow": flow}, timeout=SHRINK_SECONDS, deadline=deadline)
