@@ -182,3 +182,10 @@ def test_a_program_the_budget_cuts_short_is_not_compared_and_breaks_nothing():
     gate.run(started=__import__("time").time())
     assert candidate.asked == ["x", "y"] and not gate.broken
     assert [item.source for item in gate.compared()] == ["drawn mixed #0"]
+
+
+def test_the_same_crash_in_two_environments_is_no_regression_whatever_the_flows_are_called():
+    crash = "[isolation] FAILED (crash): crash: SIGABRT in runtime execution of 'forward' ({})"
+    base = dict(_answer("crash", crash.format("xnnpack")), flow="xnnpack")
+    cand = dict(_answer("crash", crash.format("xnnpack+fold-pkg")), flow="xnnpack+fold-pkg")
+    assert cross_gate.judge(_item(base, cand), "baseline", "candidate") is None

@@ -165,7 +165,9 @@ def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = P
 
 
 def _flow_record(answer: dict, label: str) -> dict:
-    return {"flow": label, "outcome": answer["outcome"], "known": answer.get("known"),
+    """The answer as the in-process comparison reads a flow result; named by
+    its flow, which a message may name too (a crash does)."""
+    return {"flow": answer.get("flow", label), "outcome": answer["outcome"], "known": answer.get("known"),
             "message": answer.get("message", "")}
 
 

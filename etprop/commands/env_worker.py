@@ -84,7 +84,8 @@ def run_one(session, request: dict) -> dict:
 
     flow = flows.get(request["flow"])
     prop = SINGLE_FLOW_PROPERTY.get(request["prop"], request["prop"])
-    answer = {"format": FORMAT, "id": request.get("id"), "facts": {}, "oracles": [], "repro": None, "known": None}
+    answer = {"format": FORMAT, "id": request.get("id"), "flow": flow.name, "facts": {}, "oracles": [], "repro": None,
+              "known": None}
     try:
         result = session.run(request["spec"], [flow], prop, ORACLES_BY_PROPERTY[prop],
                              attribute=request.get("attribute", True))
