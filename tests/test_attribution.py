@@ -476,3 +476,22 @@ def test_a_flow_built_on_a_backend_is_nominated_that_backends_findings(monkeypat
     assert known_findings.lineage(renamed) == [renamed, "xnnpack"]
     assert finding in known_findings.nominate(renamed, "mismatch", message, spec)
     assert finding not in known_findings.nominate("portable", "mismatch", message, spec)
+
+
+def test_a_layer_reading_a_copy_of_its_input_computes_the_same_values():
+    import torch
+
+    from etprop.program import builder
+    from etprop.verdicts import repro
+
+    record = repro.read(known_findings.FINDINGS_DIR / "repros" / "torchao_pt2e_grouped_conv_transpose_batch_norm.json")
+    spec = {key: value for key, value in record["spec"].items() if key != "quantization"}
+    spec["format"] = FORMAT
+    rule = {"rewrite": "set_attrs", "ops": ["layer"], "types": ["BatchNorm1d", "BatchNorm2d"],
+            "attrs": {"input_copy": True}}
+    copied, changed = neutralize(spec, [rule])
+    assert changed == 2 and "clone()" in builder.build(copied).source
+    original, rewritten = builder.build(spec), builder.build(copied)
+    for left, right in zip(original.eager("forward", original.inputs("forward")),
+                           rewritten.eager("forward", rewritten.inputs("forward")), strict=True):
+        torch.testing.assert_close(left, right, rtol=0, atol=0)

@@ -56,6 +56,8 @@ def _nonzero(value) -> bool:
 def _set_attrs(spec: dict, rule: dict) -> int:
     changed = 0
     for node in _nodes_of(spec, rule["ops"]):
+        if "types" in rule and spec["state"].get(node.get("state"), {}).get("type") not in rule["types"]:
+            continue
         attrs = node.setdefault("attrs", {})
         if not _has(attrs, rule.get("where", {})) or not all(_nonzero(attrs.get(name)) for name in rule.get("having", ())):
             continue

@@ -30,13 +30,17 @@ def _call(fn: str, *kwnames: str, nargs: int | None = None) -> Render:
 
 def _layer(args, attrs, state):
     """``two_pass`` (GroupNorm) and ``layer_norm_two_pass`` (LayerNorm): the
-    variance taken about the mean (the same values; neutralizations)."""
+    variance taken about the mean; ``input_copy``: the layer reads a copy of
+    its input, so no rewrite fuses it with the op before (the same values;
+    neutralizations)."""
     kinds = [kind for kind, attr in (("GroupNorm", "two_pass"), ("LayerNorm", "layer_norm_two_pass"))
              if attrs.get(attr)]
     if kinds == ["GroupNorm"]:
         return f"_group_norm_two_pass(self.{state}, {args[0]})"
     if kinds:
         return f"_norm_two_pass(self.{state}, {args[0]}, {tuple(kinds)!r})"
+    if attrs.get("input_copy"):
+        return f"self.{state}({args[0]}.clone())"
     return f"self.{state}({args[0]})"
 
 

@@ -97,7 +97,7 @@ def load() -> list[Finding]:
 def lineage(flow: str) -> list[str]:
     """The flow and the flows it is built on (its baseline, that one's, ...):
     a candidate built on a backend inherits that backend's defects, whatever
-    the candidate is called (an outside package's flow included)."""
+    the candidate is called."""
     from etprop import flows
 
     names = [flow]
@@ -112,11 +112,14 @@ def lineage(flow: str) -> list[str]:
 
 
 def nominate(flow: str, outcome: str, message: str, spec: Optional[dict] = None) -> list[Finding]:
-    """Every confirmed finding whose signature the failure matches, on the
-    flow or a flow it is built on (nominated only: attribution still proves
-    each by neutralizing its cause)."""
-    names = lineage(flow)
-    return [finding for finding in load() if any(finding.matches(name, outcome, message, spec) for name in names)]
+    """Every confirmed finding whose signature the failure matches on the
+    flow; for a flow no finding names (an outside package's), on the flows it
+    is built on (nominated only: attribution still proves each by
+    neutralizing its cause)."""
+    findings = load()
+    named = {name for finding in findings for name in finding.flows}
+    names = [flow] if flow in named else lineage(flow)
+    return [finding for finding in findings if any(finding.matches(name, outcome, message, spec) for name in names)]
 
 
 def neutralized(spec: dict, findings: list[Finding]) -> tuple[dict, int]:
