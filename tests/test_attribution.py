@@ -495,3 +495,22 @@ def test_a_layer_reading_a_copy_of_its_input_computes_the_same_values():
     for left, right in zip(original.eager("forward", original.inputs("forward")),
                            rewritten.eager("forward", rewritten.inputs("forward")), strict=True):
         torch.testing.assert_close(left, right, rtol=0, atol=0)
+
+
+def test_a_batch_norm_written_out_by_hand_computes_the_same_values():
+    import torch
+
+    from etprop.program import builder
+    from etprop.verdicts import repro
+
+    record = repro.read(known_findings.FINDINGS_DIR / "repros" / "xnnpack_fuse_batch_norm_grouped_conv_transpose.json")
+    spec = {key: value for key, value in record["spec"].items() if key != "quantization"}
+    spec["format"] = FORMAT
+    rule = {"rewrite": "set_attrs", "ops": ["layer"], "types": ["BatchNorm1d", "BatchNorm2d"],
+            "attrs": {"by_hand": True}}
+    copied, changed = neutralize(spec, [rule])
+    assert changed == 2 and "_batch_norm_by_hand(" in builder.build(copied).source
+    original, rewritten = builder.build(spec), builder.build(copied)
+    for left, right in zip(original.eager("forward", original.inputs("forward")),
+                           rewritten.eager("forward", rewritten.inputs("forward")), strict=True):
+        torch.testing.assert_close(left, right)

@@ -90,6 +90,20 @@ def _norm_two_pass(norm, x, kinds):
     return y
 
 
+def _batch_norm_by_hand(norm, x):
+    """An inference batch norm written out as arithmetic on its running
+    statistics, so no rewrite fuses it into the convolution before it (a
+    neutralization's equivalent form); other layers, and a batch norm in
+    training, as they are."""
+    if not isinstance(norm, nn.modules.batchnorm._BatchNorm) or norm.training or norm.running_mean is None:
+        return norm(x)
+    shape = [1, -1] + [1] * (x.dim() - 2)
+    y = (x - norm.running_mean.reshape(shape)) / torch.sqrt(norm.running_var.reshape(shape) + norm.eps)
+    if norm.affine:
+        y = y * norm.weight.reshape(shape) + norm.bias.reshape(shape)
+    return y
+
+
 def _group_norm_two_pass(norm, x):
     """A GroupNorm layer with its variance taken about the group mean (two
     passes, as eager computes it); other layers as they are (a neutralization's

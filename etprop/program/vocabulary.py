@@ -31,14 +31,17 @@ def _call(fn: str, *kwnames: str, nargs: int | None = None) -> Render:
 def _layer(args, attrs, state):
     """``two_pass`` (GroupNorm) and ``layer_norm_two_pass`` (LayerNorm): the
     variance taken about the mean; ``input_copy``: the layer reads a copy of
-    its input, so no rewrite fuses it with the op before (the same values;
-    neutralizations)."""
+    its input, so no rewrite fuses it with the op before; ``by_hand``: a
+    batch norm as arithmetic on its running statistics (the same values up to
+    rounding; neutralizations)."""
     kinds = [kind for kind, attr in (("GroupNorm", "two_pass"), ("LayerNorm", "layer_norm_two_pass"))
              if attrs.get(attr)]
     if kinds == ["GroupNorm"]:
         return f"_group_norm_two_pass(self.{state}, {args[0]})"
     if kinds:
         return f"_norm_two_pass(self.{state}, {args[0]}, {tuple(kinds)!r})"
+    if attrs.get("by_hand"):
+        return f"_batch_norm_by_hand(self.{state}, {args[0]}{'.clone()' if attrs.get('input_copy') else ''})"
     if attrs.get("input_copy"):
         return f"self.{state}({args[0]}.clone())"
     return f"self.{state}({args[0]})"
