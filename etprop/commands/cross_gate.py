@@ -353,7 +353,7 @@ def _coverage(items: list[Item], wanted: set) -> tuple[list[str], set]:
     return lines, reached
 
 
-def _shrink(gate: CrossGate, regression: dict, item: Item, artifacts: Path, lines: list[str]) -> None:
+def _shrink(gate: CrossGate, item: Item, lines: list[str]) -> None:
     from etprop.verdicts import repro
 
     env, flow = gate.candidate, gate.candidate_flow
@@ -466,7 +466,7 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
         item, found = min(groups[key], key=lambda pair: specmod.count_ops(pair[0].spec))
         if found["kind"] != "structural regression":
             body.append(f"  shrinking: {key[:120]}")
-            _shrink(gate, found, item, artifacts, body)
+            _shrink(gate, item, body)
     for item in improvements:
         body.append(f"improvement: {item.source}: the candidate passes where the baseline "
                     f"{item.answers[baseline.label]['outcome']}")

@@ -101,7 +101,7 @@ def run_one(session, request: dict) -> dict:
     return answer
 
 
-def shrink_one(request: dict, artifacts: Path, flow_modules: list[str]) -> dict:
+def shrink_one(request: dict, flow_modules: list[str]) -> dict:
     from etprop.commands.shrink import shrink_file
     from etprop.program import spec as specmod
     from etprop.verdicts import repro
@@ -148,7 +148,7 @@ def main(argv=None) -> int:
             request = json.loads(line)
             try:
                 if "shrink" in request:
-                    send(shrink_one(request, Path(args.artifacts), args.flow_module))
+                    send(shrink_one(request, args.flow_module))
                 else:
                     send(run_one(session, request))
             except Exception as exc:
