@@ -22,6 +22,8 @@ import time
 from collections import Counter
 from pathlib import Path
 
+from etprop.strategies.reproducible import draws_independent_of_imported_source
+
 
 # Judged as the single-flow quantized property is (its repros replay and shrink as such).
 PROPERTY = "quantized"
@@ -45,7 +47,8 @@ def sample_specs(count: int) -> list[dict]:
     def collect(spec):
         specs.append(spec)
 
-    collect()
+    with draws_independent_of_imported_source():
+        collect()
     return specs
 
 

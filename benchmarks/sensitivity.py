@@ -35,6 +35,8 @@ from pathlib import Path
 
 import torch
 
+from etprop.strategies.reproducible import draws_independent_of_imported_source
+
 FLOWS = ("portable", "xnnpack", "coreai")
 VARIANTS = {
     "native": {},
@@ -65,7 +67,8 @@ def sample_specs(count: int) -> list[dict]:
         def collect(spec):
             found.append(spec)
 
-        collect()
+        with draws_independent_of_imported_source():
+            collect()
         for spec in found[-wanted:]:
             specs.setdefault(digest(spec), spec)
     mixed = list(specs.values())

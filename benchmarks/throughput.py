@@ -32,6 +32,7 @@ from etprop.oracles.sets import SINGLE_FLOW
 from etprop.verdicts.session import Session
 from etprop.program.spec import count_ops
 from etprop.strategies.programs import programs, quantized
+from etprop.strategies.reproducible import draws_independent_of_imported_source
 
 
 def sample_specs(count: int, min_nodes: int, max_nodes: int, family: str = "float") -> list[dict]:
@@ -46,7 +47,8 @@ def sample_specs(count: int, min_nodes: int, max_nodes: int, family: str = "floa
     def collect(spec):
         specs.append(spec)
 
-    collect()
+    with draws_independent_of_imported_source():
+        collect()
     return specs[-count:]
 
 

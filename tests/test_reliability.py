@@ -64,3 +64,40 @@ def test_campaign_killed_with_sigkill_leaves_every_failure_replayable(tmp_path):
         repro.read(path)  # complete, valid files only: writes are atomic
     replay = _etprop("replay", "--flow-module", BROKEN, str(artifacts / "repros"), "--artifacts", str(tmp_path / "r"))
     assert replay.returncode == 1 and "still failing" in replay.stdout, replay.stdout[-2000:]
+
+
+DRAW_TWICE = """
+import sys
+from contextlib import nullcontext
+from hypothesis import given, settings, strategies as st
+from etprop.strategies.reproducible import draws_independent_of_imported_source
+
+def draws():
+    seen = []
+    @settings(max_examples=300, derandomize=True, database=None)
+    @given(st.lists(st.integers(0, 10**6), min_size=5, max_size=5))
+    def record(values):
+        seen.append(values)
+    record()
+    return seen
+
+context = draws_independent_of_imported_source() if sys.argv[1] == "guarded" else nullcontext()
+with context:
+    before = draws()
+    sys.path.insert(0, sys.argv[2])
+    import probe_constants
+    after = draws()
+print("same" if before == after else "different")
+"""
+
+
+@pytest.mark.parametrize("mode, expected", [("guarded", "same"), ("unguarded", "different")])
+def test_draws_do_not_depend_on_which_local_modules_are_imported(tmp_path, mode, expected):
+    """A module imported between two derandomized runs (as another test's
+    import would be in the same worker) leaves the second run's draws equal
+    to the first's; without the guard its literals change them."""
+    literals = ", ".join(str(7919 * k) for k in range(1, 120))
+    (tmp_path / "probe_constants.py").write_text(f"VALUES = [{literals}]\n")
+    result = subprocess.run([sys.executable, "-c", DRAW_TWICE, mode, str(tmp_path)], capture_output=True,
+                            text=True, timeout=300, cwd=tmp_path)
+    assert result.stdout.strip() == expected, result.stdout + result.stderr

@@ -85,6 +85,8 @@ def drawn(strategy, count: int, seed: int) -> list[dict]:
     from hypothesis import HealthCheck, given, settings
     from hypothesis import seed as seeded
 
+    from etprop.strategies.reproducible import draws_independent_of_imported_source
+
     specs: list[dict] = []
 
     @seeded(seed)
@@ -93,7 +95,8 @@ def drawn(strategy, count: int, seed: int) -> list[dict]:
     def collect(spec):
         specs.append(spec)
 
-    collect()
+    with draws_independent_of_imported_source():
+        collect()
     return specs[:count]
 
 

@@ -103,6 +103,14 @@ def pytest_configure(config):
             flows.load_flow_module(target)
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    from etprop.strategies.reproducible import draws_independent_of_imported_source
+
+    with draws_independent_of_imported_source():
+        yield
+
+
 def _seed_generation(seed: int) -> None:
     """Seed the random source Hypothesis draws each test's seed from when no
     seed is forced, so generation is reproducible and the database stays on."""
