@@ -189,3 +189,47 @@ def test_the_same_crash_in_two_environments_is_no_regression_whatever_the_flows_
     base = dict(_answer("crash", crash.format("xnnpack")), flow="xnnpack")
     cand = dict(_answer("crash", crash.format("xnnpack+fold-pkg")), flow="xnnpack+fold-pkg")
     assert cross_gate.judge(_item(base, cand), "baseline", "candidate") is None
+
+
+class _OpRuleEnvironment:
+    """Fails (one and the same lowering error) on the programs ``fails`` picks
+    by their ops."""
+
+    def __init__(self, label: str, fails):
+        self.label, self.fails = label, fails
+
+    def run(self, spec, prop, flow, deadline=None, attribute=True):
+        from etprop.program import spec as specmod
+
+        if self.fails({node["op"] for _, node in specmod.all_nodes(spec)}):
+            return _answer("lowering error", "RuntimeError: boom")
+        return _answer()
+
+
+def test_shrinking_a_regression_keeps_the_baseline_passing():
+    """The candidate fails on relu (its regression) and on tanh, which the
+    baseline fails on too wherever no relu is. The first smaller program
+    tried keeps tanh: shrinking that watched the candidate alone goes there
+    and ends on a program failing in both; the gate's shrink keeps relu."""
+    from etprop.commands.shrink import shrink_to
+    from etprop.program.spec import FORMAT
+
+    spec = {"format": FORMAT, "state": {}, "methods": {"forward": {
+        "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
+        "nodes": [{"id": "a", "op": "sigmoid", "args": ["x"]}, {"id": "b", "op": "tanh", "args": ["a"]},
+                  {"id": "c", "op": "relu", "args": ["x"]}, {"id": "d", "op": "gelu", "args": ["c"]}],
+        "outputs": ["b", "d"]}}}
+    baseline = _OpRuleEnvironment("baseline", lambda ops: "tanh" in ops and "relu" not in ops)
+    candidate = _OpRuleEnvironment("candidate", lambda ops: "tanh" in ops or "relu" in ops)
+    gate = cross_gate.CrossGate(baseline, candidate, "xnnpack", "xnnpack")
+    item = cross_gate.Item("drawn mixed #0", "mixed", spec, {env.label: env.run(spec, "mixed", "xnnpack")
+                                                             for env in (baseline, candidate)})
+    found = cross_gate.judge(item, "baseline", "candidate")
+    assert found and found["kind"] == "newly failing"
+
+    shrunk = cross_gate.shrink_regression(gate, item, found)
+    assert [n["op"] for n in shrunk.spec["methods"]["forward"]["nodes"]] == ["relu"]
+    assert shrunk.answers["baseline"]["outcome"] == "pass"
+
+    blind = shrink_to(spec, lambda s: candidate.run(s, "mixed", "x")["outcome"] != "pass", log=lambda line: None)
+    assert baseline.run(blind.spec, "mixed", "x")["outcome"] != "pass"

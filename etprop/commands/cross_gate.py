@@ -10,9 +10,10 @@ finding's program, then programs drawn from a fixed seed, family by family.
 Per program the candidate's result is compared with the baseline's as the
 in-process gate compares them (etprop/commands/compare.py), then their
 lowerings' facts by the differential oracle (size, delegate calls, ops left
-outside delegates). Each kind of regression is shrunk in the environment
-where it fails, and the shrunk program is run once more in the baseline
-environment.
+outside delegates). Each kind of regression is shrunk by this process on
+both environments: a smaller program is kept only when the gate still
+judges it the same regression (the candidate fails as before, the baseline
+still does not), and its repro is written in the candidate's artifacts.
 """
 
 from __future__ import annotations
@@ -356,35 +357,63 @@ def _coverage(items: list[Item], wanted: set) -> tuple[list[str], set]:
     return lines, reached
 
 
-def _shrink(gate: CrossGate, item: Item, lines: list[str]) -> None:
+SHRINK_CHECKS = 150
+
+
+def regression_key(found: dict) -> str:
+    """One kind of regression: its kind and its message's signature (how the
+    report groups regressions and what shrinking keeps)."""
+    return f"{found['kind']}: {signature('', found['outcome'], found['message'])}"
+
+
+def shrink_regression(gate: CrossGate, item: Item, found: dict, log=lambda line: None) -> Item:
+    """The smallest program found that is still this regression, judged by the
+    gate's own rule on both environments: each step is lowered in the
+    candidate environment and, where it fails there, in the baseline one, and
+    kept only when the candidate still fails the same way and the baseline
+    still does not. The item returned carries both environments' answers;
+    the item itself when no smaller program is."""
+    from etprop.commands.shrink import shrink_to
+
+    key = regression_key(found)
+    smallest = {"item": item}
+
+    def still_regresses(spec: dict) -> bool:
+        probe = Item(item.source, item.prop, spec)
+        try:
+            probe.answers[gate.candidate.label] = gate.candidate.run(spec, item.prop, gate.candidate_flow,
+                                                                     deadline=gate.deadline)
+            if Outcome(probe.answers[gate.candidate.label]["outcome"]) is Outcome.PASS:
+                return False
+            probe.answers[gate.baseline.label] = gate.baseline.run(spec, item.prop, gate.baseline_flow,
+                                                                   deadline=gate.deadline)
+        except (OutOfTime, EnvironmentFailed):
+            return False
+        again = judge(probe, gate.baseline.label, gate.candidate.label)
+        if again and regression_key(again) == key:
+            smallest["item"] = probe
+            return True
+        return False
+
+    shrink_to(item.spec, still_regresses, log=log, max_checks=SHRINK_CHECKS, deadline=gate.deadline)
+    return smallest["item"]
+
+
+def _shrink(gate: CrossGate, item: Item, found: dict, lines: list[str]) -> None:
     from etprop.verdicts import repro
 
-    env, flow = gate.candidate, gate.candidate_flow
-    answer = item.answers[env.label]
-    path = answer.get("repro")
-    if not path:
-        path = str(env.artifacts / "gate-repros" / f"{specmod.digest(item.spec)}.json")
-        repro.write(Path(path), item.spec, [flow], item.prop, answer["outcome"], answer.get("message", ""),
-                    script=False)
-    try:
-        shrunk = env.shrink(path, flow, deadline=gate.deadline)
-    except OutOfTime:
-        lines.append(f"    not shrunk: the budget ended first; repro: {path}")
+    shrunk = shrink_regression(gate, item, found)
+    answer = shrunk.answers[gate.candidate.label]
+    path = gate.candidate.artifacts / "gate-repros" / f"{specmod.digest(shrunk.spec)}.json"
+    repro.write(path, shrunk.spec, [gate.candidate_flow], item.prop, answer["outcome"], answer.get("message", ""),
+                script=False, shrink={"nodes_before": specmod.count_ops(item.spec),
+                                      "nodes": specmod.count_ops(shrunk.spec)})
+    if shrunk is item:
+        lines.append(f"    not shrunk (no smaller program is still this regression, or the budget ended); "
+                     f"repro: {path}")
         return
-    except EnvironmentFailed as exc:
-        lines.append(f"    not shrunk: {str(exc).splitlines()[0]}; repro: {path}")
-        return
-    if not shrunk.get("shrunk"):
-        lines.append(f"    not shrunk ({shrunk.get('message', '')[:160]}); repro: {path}")
-        return
-    shrunk_spec = repro.read(shrunk["shrunk"])["spec"]
-    try:
-        on_baseline = gate.baseline.run(shrunk_spec, item.prop, gate.baseline_flow, deadline=gate.deadline)["outcome"]
-    except OutOfTime:
-        on_baseline = "not run (the budget ended)"
-    except EnvironmentFailed as exc:
-        on_baseline = f"not run ({str(exc).splitlines()[0]})"
-    lines.append(f"    shrunk in the candidate environment to {shrunk['nodes']} node(s): {shrunk['shrunk']} "
+    on_baseline = shrunk.answers[gate.baseline.label]["outcome"]
+    lines.append(f"    shrunk in the candidate environment to {specmod.count_ops(shrunk.spec)} node(s): {path} "
                  f"(baseline environment on it: {on_baseline})")
 
 
@@ -457,7 +486,7 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
         {"reached": sorted(reached), "not reached": sorted(wanted - reached)}, indent=1))
     groups: dict[str, list] = {}
     for item, found in regressions:
-        key = f"{found['kind']}: {signature('', found['outcome'], found['message'])}"
+        key = regression_key(found)
         groups.setdefault(key, []).append((item, found))
     for key, members in groups.items():
         item, found = min(members, key=lambda pair: specmod.count_ops(pair[0].spec))
@@ -469,7 +498,7 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
         item, found = min(groups[key], key=lambda pair: specmod.count_ops(pair[0].spec))
         if found["kind"] != "structural regression":
             body.append(f"  shrinking: {key[:120]}")
-            _shrink(gate, item, body)
+            _shrink(gate, item, found, body)
     for item in improvements:
         body.append(f"improvement: {item.source}: the candidate passes where the baseline "
                     f"{item.answers[baseline.label]['outcome']}")

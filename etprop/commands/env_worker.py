@@ -19,23 +19,20 @@ Protocol (one JSON object per line; ``format`` is ``FORMAT``):
   ``{"format", "id", "outcome", "known", "message", "oracles", "facts",
   "repro", "seconds"}``: the single-flow oracles run here (they read the
   lowering's objects); ``facts`` (size, delegate calls, ops left outside
-  delegates) is what the parent's differential oracle compares;
-- ``{"id", "shrink": REPRO, "flow"}`` shrinks a repro in this environment and
-  answers ``{"format", "id", "shrunk", "nodes", "message"}``.
+  delegates) is what the parent's differential oracle compares. The parent
+  shrinks a regression itself, with requests of this kind to both sides.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import os
 import sys
 import time
 from pathlib import Path
 
-FORMAT = 1
+FORMAT = 2
 
 # Each property's oracles minus the differential one: a worker lowers one
 # flow, and the parent compares the two environments' facts.
@@ -101,22 +98,6 @@ def run_one(session, request: dict) -> dict:
     return answer
 
 
-def shrink_one(request: dict, flow_modules: list[str]) -> dict:
-    from etprop.commands.shrink import shrink_file
-    from etprop.program import spec as specmod
-    from etprop.verdicts import repro
-
-    output = Path(request["shrink"]).with_suffix(".shrunk.json")
-    log = io.StringIO()
-    with contextlib.redirect_stdout(log):
-        shrink_file(Path(request["shrink"]), output, None, request.get("flow"), request.get("max_checks", 200),
-                    flow_modules=flow_modules)
-    record = repro.read(output) if output.exists() else None
-    return {"format": FORMAT, "id": request.get("id"), "shrunk": str(output) if record else None,
-            "nodes": specmod.count_ops(record["spec"]) if record else None,
-            "message": (record or {}).get("message", "") or log.getvalue()[-400:]}
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m etprop.commands.env_worker")
     parser.add_argument("--artifacts", required=True)
@@ -147,10 +128,7 @@ def main(argv=None) -> int:
                 continue
             request = json.loads(line)
             try:
-                if "shrink" in request:
-                    send(shrink_one(request, args.flow_module))
-                else:
-                    send(run_one(session, request))
+                send(run_one(session, request))
             except Exception as exc:
                 send({"format": FORMAT, "id": request.get("id"), "error": f"{type(exc).__name__}: {exc}"})
     finally:

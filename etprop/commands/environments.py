@@ -29,12 +29,11 @@ from typing import Optional
 
 from etprop.errors import UsageError
 
-FORMAT = 1
+FORMAT = 2
 START_SECONDS = 300.0
 # A request answers within the example's own timeout (the worker's isolation
 # stops a hang there) plus start-up of a fresh isolated worker.
 REQUEST_SECONDS = float(os.environ.get("ETPROP_EXAMPLE_TIMEOUT", 600)) + 120.0
-SHRINK_SECONDS = 1800.0
 LAYER_FILE = "etprop-layer.pth"
 
 
@@ -210,9 +209,6 @@ class Environment:
 
     def run(self, spec: dict, prop: str, flow: str, deadline: Optional[float] = None, attribute: bool = True) -> dict:
         return self.request({"spec": spec, "prop": prop, "flow": flow, "attribute": attribute}, deadline=deadline)
-
-    def shrink(self, repro: str, flow: str, deadline: Optional[float] = None) -> dict:
-        return self.request({"shrink": repro, "flow": flow}, timeout=SHRINK_SECONDS, deadline=deadline)
 
     def close(self, force: bool = False) -> None:
         if self._process is None:
