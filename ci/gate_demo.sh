@@ -6,7 +6,7 @@
 #   plugin:  stock xnnpack against the fold candidate installed as an outside package: PASS, improvements listed
 #   broken:  an XNNPACK relu deliberately wrong (gate_demo/broken_relu_sitecustomize.py): FAIL, shrunk repro
 #   same:    the same environment on both sides: PASS, no differences
-# Environments go to artifacts/gate-demo/envs (layered over .venv, made by `etprop env`),
+# Environments go to artifacts/gate-demo/envs (layered over .venv, made by `etprop env` each run),
 # each case's output to artifacts/gate-demo/CASE.log, the times to artifacts/gate-demo/times.txt.
 source "$(dirname "$0")/venv.sh"
 # venv.sh stops on the first failing command; a failing gate is an expected outcome here.
@@ -15,8 +15,9 @@ out="$root/artifacts/gate-demo"
 envs="$out/envs"
 mkdir -p "$envs"
 base="$root/.venv/bin/python"
-layer() {  # layer NAME ARGS...: a layered environment, made once
-  [ -x "$envs/$1/bin/python" ] || etprop env "$envs/$1" "${@:2}" >/dev/null
+layer() {  # layer NAME ARGS...: a layered environment, made anew (a few seconds) with this checkout's etprop
+  rm -rf "${envs:?}/$1"
+  etprop env "$envs/$1" "${@:2}" >/dev/null
   echo "$envs/$1/bin/python"
 }
 gate() {  # gate CASE ARGS...: run one case, keep its output and time
