@@ -212,3 +212,18 @@ def test_differential_compares_plain_facts_as_it_compares_lowerings(lowerings):
     worse = differential.compare_facts(base, dict(portable, pte_bytes=base["pte_bytes"]))
     assert not worse.ok and "more ops outside delegates" in worse.message
     assert json.loads(json.dumps(base)) == base
+
+
+def test_bundle_metadata_shared_by_the_clock_is_allowed_and_nothing_more():
+    """Two Core AI bundles written within one second share their metadata
+    file and the stock program comes out smaller; a candidate measured
+    against such a baseline grew by that much only. Beyond it, growth fails."""
+    base = {"flow": "coreai", "pte_bytes": 12605, "delegate_calls": 2, "portable_ops": {},
+            "binding_bytes": 0, "clock_bytes": 105 + differential.NAMED_ENTRY_BYTES
+            + differential.SEGMENT_ALIGNMENT_BYTES}
+    candidate = dict(base, flow="coreai+multifunction", clock_bytes=differential.SEGMENT_ALIGNMENT_BYTES)
+    assert differential.compare_facts(base, dict(candidate, pte_bytes=12605 + 512)).ok
+    unstamped = dict(base, clock_bytes=0)
+    assert not differential.compare_facts(unstamped, dict(candidate, pte_bytes=12605 + 512)).ok
+    grown = differential.compare_facts(base, dict(candidate, pte_bytes=12605 + 1024))
+    assert not grown.ok and "shared by the clock" in grown.message
