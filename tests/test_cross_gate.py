@@ -191,6 +191,19 @@ def test_the_same_crash_in_two_environments_is_no_regression_whatever_the_flows_
     assert cross_gate.judge(_item(base, cand), "baseline", "candidate") is None
 
 
+
+def test_a_message_naming_a_module_of_the_flows_backend_is_the_same_failure_in_both():
+    """The baseline flow's name inside a module path is not the flow: XNN-016's
+    message (object addresses differ between processes too) under two flow names."""
+    error = ("[lowering] FAILED (lowering error): RuntimeError: Invalid input type map given, "
+             "<executorch.backends.xnnpack.operators.node_visitor.InputTypeToIndex object at {}>, 3, "
+             "[p_program_w21_weight, args_0]")
+    base = dict(_answer("lowering error", error.format("0x7f5b0bb0d0d0"), known="XNN-016"), flow="xnnpack")
+    cand = dict(_answer("lowering error", error.format("0x7f3fc79e5990"), known="XNN-016"), flow="xnnpack+fold-pkg")
+    assert cross_gate.judge(_item(base, cand), "baseline", "candidate") is None
+    other = dict(cand, message=error.replace("Invalid input type map", "Unsupported dtype"))
+    assert cross_gate.judge(_item(base, other), "baseline", "candidate")["kind"] == "changed failure"
+
 class _OpRuleEnvironment:
     """Fails (one and the same lowering error) on the programs ``fails`` picks
     by their ops."""

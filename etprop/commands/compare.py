@@ -51,8 +51,11 @@ def mismatch_facts(message: str) -> dict:
 
 
 def _unnamed(result: dict) -> str:
-    """The message without its own flow's name (a crash names the flow it was in)."""
-    return result["message"].replace(result["flow"], "<flow>")
+    """The message without its own flow's name (a crash names the flow it was
+    in), where it stands as a name of its own: ``xnnpack`` inside a module path
+    (``executorch.backends.xnnpack.operators``) is not the flow."""
+    alone = re.compile(rf"(?<![\w.+-]){re.escape(result['flow'])}(?![\w.+-])")
+    return alone.sub("<flow>", result["message"])
 
 
 def _is_failing(result: dict) -> bool:
