@@ -204,6 +204,24 @@ def test_a_message_naming_a_module_of_the_flows_backend_is_the_same_failure_in_b
     other = dict(cand, message=error.replace("Invalid input type map", "Unsupported dtype"))
     assert cross_gate.judge(_item(base, other), "baseline", "candidate")["kind"] == "changed failure"
 
+
+def test_replay_calls_a_finding_failing_for_another_reason_changed():
+    """coreai-torch 0.4.3 fails every Core AI program in lowering: a finding
+    recorded as one lowering error is not "still failing" there."""
+    from etprop.commands.replay import Replayed
+
+    recorded = "[lowering] FAILED (lowering error): IndexError: list index out of range"
+    broken = "[lowering] FAILED (lowering error): AttributeError: 'AIProgram' object has no attribute 'get_graph'"
+    same = Replayed(Path("f.json"), "lowering error", "lowering error", recorded, recorded)
+    other = Replayed(Path("f.json"), "lowering error", "lowering error", broken, recorded)
+    assert same.status == "still failing" and other.status == "changed"
+    assert "get_graph" in other.line() and "get_graph" not in same.line()
+    assert Replayed(Path("f.json"), "mismatch", "pass", "", recorded).status == "fixed"
+    traced = recorded + '\n  File "x.py", line 3, in pool_shape\nIndexError: list index out of range'
+    assert Replayed(Path("f.json"), "lowering error", "lowering error", traced, recorded).status == "still failing"
+    attributed = Replayed(Path("f.json"), "lowering error", "lowering error", broken, recorded, known="COREAI-009")
+    assert attributed.status == "still failing"
+
 class _OpRuleEnvironment:
     """Fails (one and the same lowering error) on the programs ``fails`` picks
     by their ops."""

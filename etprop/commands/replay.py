@@ -2,13 +2,15 @@
 
 A replay rebuilds the spec, lowers it with the recorded flows and runs the
 recorded property's oracles, then compares the outcome with the recorded one:
-still failing, fixed, or changed (fails differently). Replays run in the
+still failing (the same outcome and message signature), fixed, or changed
+(fails differently). Replays run in the
 isolated worker like any example, so a repro of a crash or a hang replays as
 a "crash" or "timeout" outcome instead of taking the command down.
 """
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -20,6 +22,12 @@ from etprop.errors import UsageError
 from etprop.verdicts.known_findings import FINDINGS_DIR
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.session import Session
+from etprop.verdicts.signature import signature
+
+
+# The innermost function a signature names: a recorded finding's message is
+# often its exception line alone, without the traceback that names it.
+_IN_FUNCTION = re.compile(r" \(in [^)]*\)$")
 
 
 @dataclass
@@ -28,16 +36,39 @@ class Replayed:
     recorded: str
     now: str
     message: str
+    recorded_message: str = ""
+    known: Optional[str] = None   # the recorded finding the failure is attributed to now
 
     @property
     def still_failing(self) -> bool:
         return Outcome(self.now).is_failure
 
+    def _same_failure(self) -> bool:
+        """Attributed to a recorded finding (its cause neutralized, the failure
+        gone), or failing with the recorded message's signature."""
+        if self.known or not self.recorded_message:
+            return True
+        loose = [_IN_FUNCTION.sub("", signature("", self.now, message))
+                 for message in (self.recorded_message, self.message)]
+        return loose[0] == loose[1]
+
     @property
     def status(self) -> str:
+        """Still failing means failing the same way: the recorded outcome, and
+        the same defect (another library may fail the same program for another
+        reason: that is "changed")."""
         if not self.still_failing:
             return "fixed" if self.recorded not in (None, "pending", "pass") else "passes"
-        return "still failing" if self.now == self.recorded or self.recorded == "pending" else "changed"
+        if self.recorded == "pending":
+            return "still failing"
+        return "still failing" if self.now == self.recorded and self._same_failure() else "changed"
+
+    def line(self) -> str:
+        """One line of ``etprop replay``; a changed failure says what it is now."""
+        text = f"{self.status:14} {self.path}  (recorded: {self.recorded}, now: {self.now})"
+        if self.status == "changed" and self.message:
+            text += f": {self.message.splitlines()[0][:200]}"
+        return text
 
 
 def oracles_for(prop: str) -> list:
@@ -71,7 +102,8 @@ def replay_record(record: dict, path, artifacts: Path, verbose: bool = False, se
                              attribute=True)
     except ExportFailed as exc:
         # torch.export rejects the program: the generator's defect, still there.
-        replayed = Replayed(path, record.get("outcome"), Outcome.EXPORT_ERROR.value, str(exc))
+        replayed = Replayed(path, record.get("outcome"), Outcome.EXPORT_ERROR.value, str(exc),
+                            record.get("message") or "")
         if verbose:
             print(f"export error (torch.export rejects the program; no flow ran): {str(exc).splitlines()[0]}")
             print(f"verdict: {replayed.status} (recorded: {replayed.recorded}, now: {replayed.now})")
@@ -80,7 +112,8 @@ def replay_record(record: dict, path, artifacts: Path, verbose: bool = False, se
         if own:
             session.close()
     worst = next((r for r in reversed(result.results) if r.outcome.is_failure), result.results[-1])
-    replayed = Replayed(path, record.get("outcome"), worst.outcome.value, worst.message)
+    replayed = Replayed(path, record.get("outcome"), worst.outcome.value, worst.message,
+                        record.get("message") or "", worst.known)
     if verbose:
         for flow_result in result.results:
             print(f"{flow_result.flow}: {flow_result.outcome.value}"
@@ -126,7 +159,7 @@ def replay_all(artifacts: Path, paths: list[Path], flow_modules: Optional[list[s
                 print(f"{path}: skipped: {exc}")
                 continue
             replayed.append(result)
-            print(f"{result.status:14} {path}  (recorded: {result.recorded}, now: {result.now})")
+            print(result.line())
     finally:
         session.close()
     counts = {}
