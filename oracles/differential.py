@@ -38,7 +38,8 @@ MULTIFUNCTION_TOLERANCE = 0.01
 # program's bundles share one metadata file depends on the clock. The same
 # program lowered in three processes measured 12,605, 12,606 and 12,905
 # bytes. A lowering may therefore be smaller than usual by every metadata
-# file but one, each with its table entry, and by one segment's padding.
+# file but one, each with its table entry, and by one segment's padding
+# (findings/coreai-bundle-hash-nondeterminism.md).
 NAMED_ENTRY_BYTES = 32
 SEGMENT_ALIGNMENT_BYTES = 128
 
