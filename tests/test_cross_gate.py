@@ -92,9 +92,11 @@ def test_an_environment_without_etprop_names_the_install_command(tmp_path):
 
 
 def _gate(tmp_path, candidate_python, name):
+    """The gate on the two fixture programs; its budget (shrinking included) ends before
+    pytest's 900 s timeout, and leaves a loaded machine room to shrink."""
     return subprocess.run([sys.executable, "-m", "etprop.commands.cli", "gate", "--baseline-env", sys.executable,
                            "--candidate-env", candidate_python, "--flow", "xnnpack", "--programs", str(PROGRAMS),
-                           "--minutes", "10", "--artifacts", str(tmp_path / f"gate-{name}")],
+                           "--minutes", "14", "--artifacts", str(tmp_path / f"gate-{name}")],
                           capture_output=True, text=True, cwd=tmp_path)
 
 
