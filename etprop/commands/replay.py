@@ -1,11 +1,11 @@
 """Replaying repros: one file (``etprop repro``) or all of them (``etprop replay``).
 
 A replay rebuilds the spec, lowers it with the recorded flows and runs the
-recorded property's oracles, then compares the outcome with the recorded one:
-still failing (the same outcome and message signature), fixed, or changed
-(fails differently). Replays run in the
-isolated worker like any example, so a repro of a crash or a hang replays as
-a "crash" or "timeout" outcome instead of taking the command down.
+recorded property's oracles, then compares the result with the recorded one:
+still failing (the same outcome and defect), fixed, or changed (fails
+differently). Replays run in the isolated worker like any example, so a repro
+of a crash or a hang replays as a "crash" or "timeout" outcome instead of
+taking the command down.
 """
 
 from __future__ import annotations
