@@ -65,8 +65,14 @@ def _clock_dependent_bytes(lowering) -> int:
     bundles were written within one second (see NAMED_ENTRY_BYTES)."""
     if lowering.flow.runtime != "coreai":
         return 0
-    from etprop.lowering.coreai_runtime import bundle_files
+    from etprop.lowering.coreai_runtime import bundle_files, coreai_delegates
 
+    manifests = {m["hash"]: m for m in (json.loads(bytes(d.processed_bytes).decode())
+                                        for d in coreai_delegates(lowering.executorch).values())}
+    stamped = [m for m in manifests.values() if any(f.endswith("metadata.json") for f in m.get("files", []))]
+    if len(stamped) < 2:
+        # One bundle shares nothing with another: only its padding can move (no named data read).
+        return SEGMENT_ALIGNMENT_BYTES if stamped else 0
     bundles = {tuple(sorted(files.items())) for files in bundle_files(lowering.executorch, lowering.pte).values()}
     metadata = sorted(len(data) for files in bundles for name, data in files if name.endswith("metadata.json"))
     if not metadata:
