@@ -4,10 +4,12 @@ program computes exactly what its parts compute."""
 
 from __future__ import annotations
 
+import json
+
 import torch
 
 from etprop.program import builder, coverage_space
-from etprop.program.spec import FORMAT, validate
+from etprop.program.spec import FORMAT, digest as specdigest, validate
 
 
 def _program(nodes, outputs, state=None, dtype="float32", shape=(4, 8)):
@@ -71,3 +73,62 @@ def test_programs_of_several_methods_or_dtypes_are_not_packed_together():
     assert coverage_space.packing_class(two) is None
     half = dict(LEAKY, dtype="float16")
     assert coverage_space.packing_class(half) != coverage_space.packing_class(LEAKY)
+
+
+def _relu_chain(length, dtype="float32"):
+    nodes = [{"id": f"v{i}", "op": "relu" if i % 2 else "neg", "args": [f"v{i - 1}" if i else "x"]}
+             for i in range(length)]
+    spec = _program(nodes, [f"v{length - 1}"], dtype=dtype)
+    return spec if dtype == "float32" else dict(spec, dtype=dtype)
+
+
+def test_packed_programs_take_turns_by_class_in_their_order():
+    from etprop.strategies import coverage
+
+    first = [_relu_chain(n) for n in range(1, 6)]
+    half = [_relu_chain(n, "float16") for n in range(1, 3)]
+    programs = coverage.packed(first[:3] + half + first[3:], pack_size=2)
+    assert [len(group) for _, group in programs] == [2, 2, 2, 1]
+    assert [group for _, group in programs] == [first[:2], half, first[2:4], first[4:]]
+    for program, group in programs:
+        validate(program)
+        assert coverage_space.keys(program) == set().union(*map(coverage_space.keys, group))
+
+
+def test_a_stored_corpus_is_read_back_not_drawn_again(tmp_path, monkeypatch):
+    from etprop.strategies import coverage
+
+    made = []
+    monkeypatch.setattr(coverage, "chosen", lambda seed, pool: made.append(pool) or ([LEAKY], {("relu", "", "", "x")}))
+    assert coverage.stored(tmp_path, 3) == ([LEAKY], {("relu", "", "", "x")})
+    assert coverage.stored(tmp_path, 3) == ([LEAKY], {("relu", "", "", "x")}) and made == [3]
+    coverage.stored(tmp_path, 4)
+    assert made == [3, 4], "another pool size is another corpus"
+
+
+def test_a_campaign_round_judges_the_next_programs_of_the_corpus_per_flow(tmp_path, monkeypatch):
+    """Each round (a new session, as a new pytest process) takes the next
+    program it has not judged, in the corpus's order; shard i of N every N-th."""
+    from etprop import flows
+    from etprop.properties import test_coverage
+    from etprop.strategies import coverage
+    from etprop.verdicts.session import Session
+
+    specs = [_relu_chain(n) for n in range(1, 6)]
+    monkeypatch.setattr(coverage, "PACK_SIZE", 2)
+    monkeypatch.setattr(coverage, "stored", lambda folder, pool: (specs, set()))
+    monkeypatch.setattr(test_coverage, "per_round", lambda: 1)
+    monkeypatch.setenv("ETPROP_RECORD_ONLY", "1")
+
+    def rounds(root, count, shard="0/1"):
+        monkeypatch.setenv("ETPROP_SHARD", shard)
+        for _ in range(count):
+            session = Session(root, isolated=False)
+            test_coverage.test_coverage_corpus(flows.get("portable"), session)
+            session.close()
+        return [json.loads(line)["digest"] for path in sorted((root / "results").glob("*.jsonl"))
+                for line in path.read_text().splitlines()]
+
+    packs = [specdigest(program) for program, _ in coverage.packed(specs, 2)]
+    assert rounds(tmp_path / "one", 4) == packs, "three programs in three rounds, then nothing new"
+    assert rounds(tmp_path / "shard", 2, "1/2") == packs[1::2]

@@ -31,6 +31,7 @@ from etprop.commands.environments import Environment, EnvironmentFailed, OutOfTi
 from etprop.errors import UsageError
 from etprop.oracles import differential
 from etprop.program import spec as specmod
+from etprop.strategies import coverage
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.signature import signature
 
@@ -39,12 +40,6 @@ DEFAULT_MINUTES = 15.0
 SHRINK_SHARE = 0.25
 SHRINK_AT_MOST = 3
 DEFAULT_PER_FAMILY = 6
-# Drawn programs per family the coverage corpus chooses from, and programs per packed program;
-# coreai-torch converts a large quantized program slowly and in gigabytes (finding COREAI-004),
-# so flows run by the Core AI runtime get smaller packs.
-COVERAGE_POOL = 150
-PACK_SIZE = 10
-PACK_SIZE_BY_RUNTIME = {"coreai": 3}
 PROGRESS_EVERY = 10
 NOT_COVERED_SHOWN = 25
 
@@ -71,36 +66,6 @@ def _finding_items() -> list[Item]:
     return items
 
 
-def _families() -> dict:
-    from etprop.strategies.control_flow import control_flow_programs
-    from etprop.strategies.programs import (computed_weight_programs, multi_method_programs, programs,
-                                            quantized_programs)
-
-    return {"mixed": programs(min_nodes=6, max_nodes=32), "computed_weights": computed_weight_programs(),
-            "control_flow": control_flow_programs(), "multi_method": multi_method_programs(),
-            "quantized": quantized_programs()}
-
-
-def drawn(strategy, count: int, seed: int) -> list[dict]:
-    """``count`` specs from ``strategy``, the same ones for the same seed."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import seed as seeded
-
-    from etprop.strategies.reproducible import draws_independent_of_imported_source
-
-    specs: list[dict] = []
-
-    @seeded(seed)
-    @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
-    @given(spec=strategy)
-    def collect(spec):
-        specs.append(spec)
-
-    with draws_independent_of_imported_source():
-        collect()
-    return specs[:count]
-
-
 def program_items(paths: list[str]) -> list[Item]:
     """The programs of repro files (or directories of them) given by the user."""
     from etprop.verdicts import repro
@@ -115,44 +80,25 @@ def program_items(paths: list[str]) -> list[Item]:
     return items
 
 
-def _family_prop(spec: dict) -> str:
-    if len(spec["methods"]) > 1:
-        return "multi_method"
-    return "quantized" if spec.get("quantization") else "mixed"
-
-
-def coverage_corpus(seed: int, pool_per_family: int = COVERAGE_POOL, pack_size: int = PACK_SIZE
-                    ) -> tuple[list[Item], set]:
-    """Programs reaching every (op, argument value, dtype) combination a
-    seeded pool of drawn programs reaches (etprop/program/coverage_space.py),
-    packed ``pack_size`` to a program where they can share one method; and
-    the combinations the pool reaches."""
-    from etprop.program import coverage_space
-
-    pool = {}
-    for strategy in _families().values():
-        for spec in drawn(strategy, pool_per_family, seed):
-            pool.setdefault(specmod.digest(spec), spec)
-    specs = list(pool.values())
-    chosen, wanted = coverage_space.greedy_cover(specs)
-    by_class: dict = {}
-    for index in chosen:
-        by_class.setdefault(coverage_space.packing_class(specs[index]), []).append(specs[index])
+def coverage_corpus(seed: int, pool_per_family: int = coverage.POOL_PER_FAMILY,
+                    pack_size: int = coverage.PACK_SIZE) -> tuple[list[Item], set]:
+    """The coverage corpus (etprop/strategies/coverage.py) as gate items, a
+    packed program judged by its parts where it fails; and the combinations
+    its pool reaches."""
+    specs, wanted = coverage.chosen(seed, pool_per_family)
     items = []
-    for packing, members in by_class.items():
-        if packing is None:
-            for spec in members:
-                items.append(Item(f"coverage #{len(items)}", _family_prop(spec), spec))
+    for program, group in coverage.packed(specs, pack_size):
+        if len(group) == 1 and program is group[0]:
+            items.append(Item(f"coverage #{len(items)}", coverage.family_of(program), program))
             continue
-        for start in range(0, len(members), pack_size):
-            group = members[start:start + pack_size]
-            parts = [Item(f"coverage #{len(items)} part {i}", _family_prop(spec), spec) for i, spec in enumerate(group)]
-            items.append(Item(f"coverage #{len(items)} ({len(group)} programs packed)", _family_prop(group[0]),
-                              coverage_space.pack(group), parts=parts))
+        parts = [Item(f"coverage #{len(items)} part {i}", coverage.family_of(spec), spec)
+                 for i, spec in enumerate(group)]
+        items.append(Item(f"coverage #{len(items)} ({len(group)} programs packed)", coverage.family_of(group[0]),
+                          program, parts=parts))
     return items, wanted
 
 
-def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = PACK_SIZE
+def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = coverage.PACK_SIZE
            ) -> tuple[list[Item], set]:
     """Recorded findings first, then the coverage corpus, then ``per_family``
     drawn programs of each family, interleaved so a short budget still
@@ -160,7 +106,8 @@ def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = P
     items = _finding_items() if findings else []
     covering, wanted = coverage_corpus(seed, pack_size=pack_size)
     items += covering
-    by_family = {name: drawn(strategy, per_family, seed + 1) for name, strategy in _families().items()}
+    by_family = {name: coverage.drawn(strategy, per_family, seed + 1)
+                 for name, strategy in coverage.families().items()}
     for index in range(per_family):
         for name, specs in by_family.items():
             if index < len(specs):
@@ -458,7 +405,7 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
     if missing:
         return finish(f"VERDICT: FAIL: {candidate_flow} runs in the baseline environment but not in the candidate "
                       f"environment: {missing}", 1, lines)
-    pack_size = min(PACK_SIZE_BY_RUNTIME.get(env.runtimes.get(flow), PACK_SIZE)
+    pack_size = min(coverage.pack_size_for(env.runtimes.get(flow))
                     for env, flow in ((baseline, baseline_flow), (candidate, candidate_flow)))
     items, wanted = ((program_items(args.programs), set()) if args.programs
                      else corpus(args.seed, args.per_family, pack_size=pack_size))

@@ -1,0 +1,141 @@
+"""The coverage corpus: a deterministic set of drawn programs that together
+reach every (op, argument value, dtype) combination a seeded pool of drawn
+programs reaches (etprop/program/coverage_space.py), most new combinations
+first, packed several to a program where they can share one method.
+
+Random drawing reaches a rare combination by luck; a campaign runs this
+corpus first (properties/test_coverage.py) and the gate runs it before its
+random programs, so every drawable combination is exercised early, whatever
+the seed."""
+
+from __future__ import annotations
+
+from etprop.program import coverage_space
+from etprop.program.spec import digest
+
+# Drawn programs per family the corpus chooses from.
+POOL_PER_FAMILY = 150
+# Programs per packed program; coreai-torch converts a large quantized program
+# slowly and in gigabytes (finding COREAI-004), so flows run by the Core AI
+# runtime get smaller packs.
+PACK_SIZE = 10
+PACK_SIZE_BY_RUNTIME = {"coreai": 3}
+
+
+def families() -> dict:
+    """The program families, by name, as the properties draw them."""
+    from etprop.strategies.control_flow import control_flow_programs
+    from etprop.strategies.programs import (computed_weight_programs, multi_method_programs, programs,
+                                            quantized_programs)
+
+    return {"mixed": programs(min_nodes=6, max_nodes=32), "computed_weights": computed_weight_programs(),
+            "control_flow": control_flow_programs(), "multi_method": multi_method_programs(),
+            "quantized": quantized_programs()}
+
+
+def family_of(spec: dict) -> str:
+    """The property family that judges a program: multi-method programs
+    need the multi-method oracles, quantized ones the quantized bound."""
+    if len(spec["methods"]) > 1:
+        return "multi_method"
+    return "quantized" if spec.get("quantization") else "mixed"
+
+
+def drawn(strategy, count: int, seed: int) -> list[dict]:
+    """``count`` specs from ``strategy``, the same ones for the same seed."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import seed as seeded
+
+    from etprop.strategies.reproducible import draws_independent_of_imported_source
+
+    specs: list[dict] = []
+
+    @seeded(seed)
+    @settings(max_examples=count, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(spec=strategy)
+    def collect(spec):
+        specs.append(spec)
+
+    with draws_independent_of_imported_source():
+        collect()
+    return specs[:count]
+
+
+def chosen(seed: int, pool_per_family: int = POOL_PER_FAMILY) -> tuple[list[dict], set]:
+    """The programs of the corpus in the order they were picked (each adding
+    the most combinations not yet reached), and every combination the pool reaches."""
+    pool: dict = {}
+    for strategy in families().values():
+        for spec in drawn(strategy, pool_per_family, seed):
+            pool.setdefault(digest(spec), spec)
+    specs = list(pool.values())
+    picked, wanted = coverage_space.greedy_cover(specs)
+    return [specs[index] for index in picked], wanted
+
+
+def packed(specs: list[dict], pack_size: int) -> list[tuple[dict, list[dict]]]:
+    """``specs`` as programs to run: (program, the specs it computes). Specs of
+    one packing class go ``pack_size`` to a program, in their order; a spec
+    that cannot share a method stays alone. The classes take turns (a float32
+    pack, a float16 pack, ..., a multi-method program, then the next of each),
+    so a budget that ends early has still reached every class."""
+    by_class: dict = {}
+    for spec in specs:
+        by_class.setdefault(coverage_space.packing_class(spec), []).append(spec)
+    queues = []
+    for packing, members in by_class.items():
+        if packing is None:
+            queues.append([(spec, [spec]) for spec in members])
+        else:
+            queues.append([(coverage_space.pack(members[start:start + pack_size]), members[start:start + pack_size])
+                           for start in range(0, len(members), pack_size)])
+    return [queue[turn] for turn in range(max(map(len, queues), default=0)) for queue in queues if turn < len(queue)]
+
+
+def pack_size_for(runtime: str) -> int:
+    return PACK_SIZE_BY_RUNTIME.get(runtime, PACK_SIZE)
+
+
+def _fingerprint(pool_per_family: int, seed: int) -> str:
+    """What the corpus depends on: the drawing code, the coverage space and Hypothesis."""
+    import hashlib
+    from pathlib import Path
+
+    import hypothesis
+
+    from etprop.program import spec as specmod
+
+    digest = hashlib.sha256(f"{hypothesis.__version__}:{pool_per_family}:{seed}".encode())
+    sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(coverage_space.__file__)]
+    sources += sorted(Path(specmod.__file__).parent.glob("*.py"))
+    for source in sources:
+        digest.update(source.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def stored_path(folder, pool_per_family: int = POOL_PER_FAMILY, seed: int = 0):
+    from pathlib import Path
+
+    return Path(folder) / f"corpus-{_fingerprint(pool_per_family, seed)}.json"
+
+
+def stored(folder, pool_per_family: int = POOL_PER_FAMILY, seed: int = 0) -> tuple[list[dict], set]:
+    """The corpus kept in ``folder`` (a campaign's ``coverage/``), made and
+    stored there first when it is missing or was made by other drawing code:
+    a campaign's rounds and workers all read the one its start made."""
+    import json
+    import os
+
+    path = stored_path(folder, pool_per_family, seed)
+    try:
+        data = json.loads(path.read_text())
+        return data["programs"], {tuple(key) for key in data["wanted"]}
+    except (OSError, ValueError, KeyError):
+        pass
+    specs, wanted = chosen(seed, pool_per_family)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.part")
+    partial.write_text(json.dumps({"seed": seed, "pool_per_family": pool_per_family, "programs": specs,
+                                   "wanted": sorted(wanted)}))
+    partial.replace(path)
+    return specs, wanted
