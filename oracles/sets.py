@@ -26,4 +26,7 @@ ORACLES_BY_PROPERTY = {
     "differential_quantized": DIFFERENTIAL,
     "differential_multi_method": DIFFERENTIAL_MULTI_METHOD,
     "equivalence": EQUIVALENCE,
+    # The coverage corpus (properties/test_coverage.py): its single-method and multi-method programs.
+    "coverage": SINGLE_FLOW,
+    "coverage_multi_method": MULTI_METHOD,
 }

@@ -272,6 +272,31 @@ def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
     assert page.index("Defects") < page.index("Outcomes per property and flow")
 
 
+def test_reports_show_which_combinations_of_the_drawable_space_were_reached(tmp_path):
+    from etprop.strategies import coverage
+
+    _results(tmp_path)
+    record = {"property": "coverage", "digest": "d", "ops": ["softmax"], "nodes": 1, "seconds": 1.0,
+              "executorch_seconds": 0.9, "repro": None, "coverage": ["softmax [float32]", "softmax dim=-1 [float32]"],
+              "flows": [{"flow": "xnnpack", "outcome": "pass", "known": None, "message": ""}]}
+    with open(tmp_path / "results" / "x.jsonl", "w") as handle:
+        handle.write(json.dumps(record) + "\n")
+    wanted = [["softmax", "", "", "float32"], ["softmax", "dim", "-1", "float32"], ["softmax", "dim", "0", "float16"],
+              ["cond", "", "", "float32"]]
+    path = coverage.stored_path(tmp_path / "coverage")
+    path.parent.mkdir()
+    path.write_text(json.dumps({"programs": [], "wanted": wanted}))
+    summary = Summary.load(tmp_path)
+    text = summary.text()
+    assert "coverage: 2 of the 4 combinations (op, argument value, dtype) the coverage corpus's pool reaches (50%)" in text
+    assert "not reached (2 of 2; all in coverage.json): cond [float32]; softmax dim=0 [float16]" in text
+    assert ("kind: arguments", 1, 2) in summary.coverage_rows() and ("kind: control flow", 0, 1) in summary.coverage_rows()
+    assert ("dtype: float32", 2, 3) in summary.coverage_rows()
+    paths = write_reports(summary, tmp_path / "reports")
+    assert "| kind: ops | 1 | 1 |" in paths[0].read_text()
+    assert json.loads(paths[2].read_text())["not_reached"] == ["cond [float32]", "softmax dim=0 [float16]"]
+
+
 def test_html_report_renders_in_headless_chromium(tmp_path):
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from etprop import flows as flowreg
 from etprop.errors import UsageError
+from etprop.strategies import coverage
 from etprop.commands.report import Summary, write_reports
 from etprop.verdicts.outcomes import Outcome
 
@@ -211,7 +212,8 @@ class Campaign:
                    ETPROP_PROFILE="fuzz-noshrink", ETPROP_RECORD_ONLY="1",
                    ETPROP_DEADLINE_FILE=str(deadline_file.resolve()),
                    ETPROP_DB=self.db or str((self.artifacts / "hypothesis-db").resolve()),
-                   ETPROP_DB_READONLY=self.db_readonly, ETPROP_FLOW_MODULE=",".join(self.flow_modules))
+                   ETPROP_DB_READONLY=self.db_readonly, ETPROP_FLOW_MODULE=",".join(self.flow_modules),
+                   ETPROP_SHARD=f"{self.shard[0]}/{self.shard[1]}")
         return env
 
     def _pytest_command(self, round_index: int, per_round: int) -> list[str]:
@@ -299,6 +301,11 @@ class Campaign:
               + (f" or {self.examples} examples per property x flow" if self.examples else "")
               + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; artifacts {self.artifacts}")
         self._round = self._internal_rounds = 0
+        if not self.properties or "coverage" in self.properties:
+            made = time.time()
+            specs, wanted = coverage.stored(self.artifacts / "coverage")
+            print(f"coverage corpus: {len(specs)} programs reaching {len(wanted)} combinations "
+                  f"({time.time() - made:.0f} s)")
 
         def clock_for() -> _RoundClock:
             return _RoundClock(self.artifacts / "exploration-deadline", deadline, stop, margin,

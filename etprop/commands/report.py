@@ -169,6 +169,59 @@ class Summary:
                 coverage[flow["flow"]].update(record.get("ops", []))
         return dict(coverage)
 
+    def coverage(self) -> tuple[set[str], set[str]]:
+        """The combinations (etprop/program/coverage_space.py) the campaign's
+        programs reached, and those its coverage corpus's pool reaches (the
+        drawable space the campaign stored in ``coverage/``; empty without one)."""
+        reached = {key for record in self.records for key in record.get("coverage", [])}
+        wanted: set[str] = set()
+        if self.artifacts is not None:
+            from etprop.program.coverage_space import key_text
+
+            for path in sorted((self.artifacts / "coverage").glob("corpus-*.json"), key=lambda p: p.stat().st_mtime):
+                try:
+                    wanted = {key_text(tuple(key)) for key in json.loads(path.read_text())["wanted"]}
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+        return reached, wanted
+
+    def coverage_rows(self) -> list[tuple[str, int, int]]:
+        """(group, reached, in the drawable space) by kind of combination and by dtype."""
+        reached, wanted = self.coverage()
+        space = wanted | reached
+
+        def kind(key: str) -> str:
+            if key.startswith("methods "):
+                return "methods"
+            if "=" in key:
+                return "arguments"
+            op = key.split(" ", 1)[0]
+            return "control flow" if op.split(">")[-1] in ("cond", "map", "scan", "while_loop") else "ops"
+
+        rows = []
+        for label, group in (("kind", kind), ("dtype", lambda key: key[key.rindex("[") + 1:-1])):
+            for name in sorted({group(key) for key in space}):
+                members = {key for key in space if group(key) == name}
+                rows.append((f"{label}: {name}", len(members & reached), len(members)))
+        return rows
+
+    def coverage_text(self, shown: int = 20) -> list[str]:
+        reached, wanted = self.coverage()
+        if not reached:
+            return []
+        if wanted:
+            lines = [f"coverage: {len(reached & wanted)} of the {len(wanted)} combinations (op, argument value, dtype) "
+                     f"the coverage corpus's pool reaches ({len(reached & wanted) / len(wanted):.0%})"
+                     + (f", and {len(reached - wanted)} outside it" if reached - wanted else "")]
+        else:
+            lines = [f"coverage: {len(reached)} combinations (op, argument value, dtype); no coverage corpus stored"]
+        lines += [f"  {group:32} {done:5} / {total}" for group, done, total in self.coverage_rows()]
+        missing = sorted(wanted - reached)
+        if missing:
+            lines.append(f"  not reached ({min(shown, len(missing))} of {len(missing)}; all in coverage.json): "
+                         + "; ".join(missing[:shown]))
+        return lines
+
     def _cells_text(self, row: DefectRow) -> str:
         return ", ".join(f"{cell} ({n})" for cell, n in sorted(row.cells.items(), key=lambda kv: -kv[1]))
 
@@ -213,6 +266,9 @@ class Summary:
         for (scheme, flow), counts in sorted(quantized.items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             lines.append(f"  {scheme:24} {flow:22} {sum(counts.values()):5} flow results: {outcome_text}")
+        coverage = self.coverage_text()
+        if coverage:
+            lines += [""] + coverage
         return "\n".join(lines)
 
     def markdown(self) -> str:
@@ -239,6 +295,10 @@ class Summary:
         for (scheme, flow), counts in sorted(quantized.items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             lines.append(f"| {scheme} | `{flow}` | {sum(counts.values())} | {outcome_text} |")
+        rows = self.coverage_rows()
+        if rows:
+            lines += ["", "| coverage | reached | drawable |", "|---|---|---|"]
+            lines += [f"| {group} | {done} | {total} |" for group, done, total in rows]
         return "\n".join(lines) + "\n"
 
     def html(self) -> str:
@@ -289,4 +349,9 @@ def write_reports(summary: Summary, directory: Path) -> list[Path]:
     paths = [directory / "summary.md", directory / "report.html"]
     atomic_write(paths[0], summary.markdown())
     atomic_write(paths[1], summary.html())
+    reached, wanted = summary.coverage()
+    if reached:
+        paths.append(directory / "coverage.json")
+        atomic_write(paths[2], json.dumps({"reached": sorted(reached), "not_reached": sorted(wanted - reached)},
+                                          indent=1))
     return paths

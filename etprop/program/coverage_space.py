@@ -77,6 +77,12 @@ def keys(spec: dict) -> set[Key]:
     return found
 
 
+def key_text(key: Key) -> str:
+    """A key as one line of text (campaign records, reports)."""
+    op, argument, value, dtype = key
+    return f"{op} {argument}={value} [{dtype}]" if argument else f"{op} [{dtype}]"
+
+
 def greedy_cover(pool: list[dict]) -> tuple[list[int], set[Key]]:
     """Indices of pool programs that together reach every key the pool
     reaches, and those keys. Programs that can be packed together are

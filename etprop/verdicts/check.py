@@ -26,6 +26,7 @@ from etprop.program.quantize import QuantizationFailed
 from etprop.lowering import pipeline
 from etprop.verdicts import repro
 from etprop.lowering import stages
+from etprop.program import coverage_space
 from etprop.program import spec as specmod
 from etprop.flows.base import Flow
 from etprop.oracles import Verdict, differential
@@ -130,6 +131,7 @@ class Artifacts:
                 "repro": str(result.repro) if result.repro else None,
                 "quantization": (result.spec.get("quantization") or {}).get("scheme"),
                 "item": self.item, "share": self.share,
+                "coverage": sorted(coverage_space.key_text(key) for key in coverage_space.keys(result.spec)),
                 "flows": [{"flow": r.flow, "outcome": r.outcome.value, "known": r.known,
                            "message": r.message[:2000],
                            # From the whole message: the stored one is cut short.

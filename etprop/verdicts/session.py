@@ -94,7 +94,7 @@ class Session:
         self._worker = Worker(self.flow_modules, WORKER_PRELOAD) if self.isolated else None
         self._judged: set[tuple] | None = None
 
-    def _already_judged(self, spec: dict, flows: list, prop: str) -> bool:
+    def already_judged(self, spec: dict, flows: list, prop: str) -> bool:
         """Whether this campaign already judged ``spec`` as drawn on these
         flows for this property (any round, any worker: ``judged/`` on disk;
         the result recorded may be of another program, a neutralized one).
@@ -301,7 +301,7 @@ class Session:
         if deadline is not None and time.time() > deadline and key not in self.failed:
             _label("not run: past the campaign's budget")
             return None
-        if record_only() and currently_in_test_context() and self._already_judged(spec, flows, prop):
+        if record_only() and currently_in_test_context() and self.already_judged(spec, flows, prop):
             _label("skipped: already judged in this campaign")
             assume(False)
         result = self._attribute(spec, flows, prop, oracles, self._run(spec, flows, prop, oracles))
