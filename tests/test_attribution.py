@@ -134,6 +134,20 @@ def test_a_confirmed_finding_is_attributed_when_its_neutralization_passes(findin
     assert flow_result.known == finding_id, flow_result.message
 
 
+def test_the_passing_neutralized_program_joins_the_corpus(session):
+    """A known failure leaves no outputs to score mutants with; the program
+    its attribution ran without the cause, which passed, does."""
+    import torch
+
+    from etprop.program.spec import digest
+
+    flow_name, spec = BROAD["TORCH-001"]
+    result = session.run(spec, [flows.get(flow_name)], "mixed", SINGLE_FLOW, attribute=True)
+    assert result.results[0].known == "TORCH-001"
+    entries = [torch.load(path, weights_only=False) for path in (session.artifacts.root / "corpus").glob("*.pt")]
+    assert [digest(entry["spec"]) != digest(spec) and flow_name in entry["flows"] for entry in entries] == [True]
+
+
 def test_no_entry_matches_on_any_message():
     for finding in known_findings.load():
         assert finding.pattern not in (".", ".*", ""), finding.id

@@ -139,9 +139,9 @@ class Artifacts:
                           for r in result.results]}
         with open(self.results_file, "a") as handle:
             handle.write(json.dumps(line) + "\n")
-        self._keep_in_corpus(result)
+        self.keep_in_corpus(result)
 
-    def _keep_in_corpus(self, result: ExampleResult) -> None:
+    def keep_in_corpus(self, result: ExampleResult) -> None:
         """The spec and what each passing flow's runtime returned
         (``corpus/``): mutation analysis scores a campaign on it without
         lowering again (benchmarks/mutation_score.py). Large outputs are left out."""

@@ -234,6 +234,9 @@ class Session:
         if again.new_failures:
             result.followups.append(again)
         else:
+            # Not an example of its own, but a program that ran: what passed
+            # serves mutation analysis like any other corpus program.
+            self.artifacts.keep_in_corpus(again)
             self.artifacts.pending_path(neutral, prop).unlink(missing_ok=True)
         return result
 
