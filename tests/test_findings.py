@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from etprop.verdicts import known_findings
+from etprop.verdicts import known_findings, repro
 
 FINDINGS = known_findings.load()
 # Repros that other tests already replay as strict xfails (tests/test_coreai_flow.py).
@@ -23,6 +23,18 @@ def test_index_is_consistent():
         assert finding.repro_path.is_file(), finding.repro
         if finding.note:
             assert (known_findings.FINDINGS_DIR / finding.note).is_file(), finding.note
+
+
+def test_the_repro_command_writes_both_scripts(tmp_path):
+    spec_repro = next(f.repro_path.with_suffix(".json") for f in FINDINGS
+                      if f.repro_path.with_suffix(".json").exists())
+    record = repro.read(spec_repro)
+    for kind, made in (("--script", repro.etprop_script(record, spec_repro.name)),
+                       ("--standalone", repro.standalone_script(record["spec"], record["flows"][-1]))):
+        target = tmp_path / f"{kind[2:]}.py"
+        written = _cli("repro", str(spec_repro), kind, str(target))
+        assert written.returncode == 0, written.stderr[-1500:]
+        assert target.read_text() == made
 
 
 # Outcomes a standalone script judges (equivalence and the stages before it);
@@ -54,10 +66,12 @@ def test_finding_still_reproduces_its_own_symptom(finding, tmp_path):
     exception but the AssertionError that shows the symptom."""
     spec_repro = finding.repro_path.with_suffix(".json")
     if spec_repro.exists():
+        # Written here as `etprop repro --script/--standalone` writes them
+        # (test_the_repro_command_writes_both_scripts runs the command).
+        record = repro.read(spec_repro)
         script, standalone = tmp_path / "script.py", tmp_path / "standalone.py"
-        for kind, target in (("--script", script), ("--standalone", standalone)):
-            written = _cli("repro", str(spec_repro), kind, str(target))
-            assert written.returncode == 0, written.stderr[-1500:]
+        script.write_text(repro.etprop_script(record, spec_repro.name))
+        standalone.write_text(repro.standalone_script(record["spec"], record["flows"][-1]))
         completed = _run_script(script, tmp_path)
     else:
         completed = _run_script(finding.repro_path, tmp_path)
