@@ -5,7 +5,9 @@ a drawn program of its family. A campaign makes the corpus once (its
 ``coverage/``) and each round asks every flow for the next programs it has not
 judged, most new combinations first, so no drawable combination waits for a
 lucky draw; shard i of N takes every N-th program. Outside a campaign only the
-first program runs (the property's machinery, on CI's budget, from a smaller pool)."""
+first float program of a smaller pool runs: the property's machinery on CI's
+budget (the quantized properties run PT2E in CI on their own; a packed quantized
+program costs minutes on Core AI)."""
 
 import os
 from pathlib import Path
@@ -28,7 +30,9 @@ def _programs(flow, artifacts: Path) -> list[dict]:
     specs, _ = coverage.stored(artifacts / "coverage", coverage.POOL_PER_FAMILY if campaign else SMALL_POOL)
     programs = [program for program, _ in coverage.packed(specs, coverage.pack_size_for(flow.runtime))]
     index, count = (int(part) for part in os.environ.get("ETPROP_SHARD", "0/1").split("/"))
-    return programs[index::count] if campaign else programs[:1]
+    if campaign:
+        return programs[index::count]
+    return [program for program in programs if not program.get("quantization")][:1]
 
 
 def per_round() -> int:
