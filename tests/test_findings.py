@@ -8,7 +8,9 @@ import sys
 
 import pytest
 
+from etprop.commands.replay import replay_record
 from etprop.verdicts import known_findings, repro
+from etprop.verdicts.session import Session
 
 FINDINGS = known_findings.load()
 # Repros that other tests already replay as strict xfails (tests/test_coreai_flow.py).
@@ -35,6 +37,8 @@ def test_the_repro_command_writes_both_scripts(tmp_path):
         written = _cli("repro", str(spec_repro), kind, str(target))
         assert written.returncode == 0, written.stderr[-1500:]
         assert target.read_text() == made
+    completed = _run_script(tmp_path / "script.py", tmp_path)
+    assert completed.returncode == 1 and "still failing" in completed.stdout, completed.stdout + completed.stderr
 
 
 # Outcomes a standalone script judges (equivalence and the stages before it);
@@ -52,27 +56,34 @@ def _run_script(path, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-I", str(path)], capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
+@pytest.fixture(scope="module")
+def replay_session(tmp_path_factory):
+    """One isolated worker per test process replays every spec repro, as the
+    ``--script`` script does in a process of its own (the same replay_record)."""
+    session = Session(tmp_path_factory.mktemp("replay"))
+    yield session
+    session.close()
+
+
 @pytest.mark.parametrize("finding", [f for f in FINDINGS if f.id not in REPLAYED_ELSEWHERE],
                          ids=lambda f: f.id)
-def test_finding_still_reproduces_its_own_symptom(finding, tmp_path):
+def test_finding_still_reproduces_its_own_symptom(finding, tmp_path, replay_session, capsys):
     """A strict known failure: the repro must fail with the finding's own
     outcome and message (any other failure, an import error or a missing name,
     fails this test), and once the defect is fixed this test fails too, so the
-    finding gets retired. A spec repro is replayed by both script kinds made
-    from it on demand: ``--script`` (through etprop: every oracle of its
-    property, attribution by neutralizing the finding's cause) and
-    ``--standalone`` (torch and executorch, expected values embedded), which
-    must reach the same verdict. A script repro must exit 1, with no
-    exception but the AssertionError that shows the symptom."""
+    finding gets retired. A spec repro is replayed as its ``--script`` script
+    replays it (through etprop: every oracle of its property, attribution by
+    neutralizing the finding's cause) and by the ``--standalone`` script made
+    from it (torch and executorch, expected values embedded), which must reach
+    the same verdict. A script repro must exit 1, with no exception but the
+    AssertionError that shows the symptom."""
     spec_repro = finding.repro_path.with_suffix(".json")
     if spec_repro.exists():
-        # Written here as `etprop repro --script/--standalone` writes them
-        # (test_the_repro_command_writes_both_scripts runs the command).
         record = repro.read(spec_repro)
-        script, standalone = tmp_path / "script.py", tmp_path / "standalone.py"
-        script.write_text(repro.etprop_script(record, spec_repro.name))
+        standalone = tmp_path / "standalone.py"
         standalone.write_text(repro.standalone_script(record["spec"], record["flows"][-1]))
-        completed = _run_script(script, tmp_path)
+        replayed = replay_record(record, spec_repro.name, tmp_path, verbose=True, session=replay_session)
+        completed = subprocess.CompletedProcess([], 1 if replayed.still_failing else 0, capsys.readouterr().out, "")
     else:
         completed = _run_script(finding.repro_path, tmp_path)
     if completed.returncode == 0:
