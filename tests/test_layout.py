@@ -160,14 +160,27 @@ def test_the_installed_wheel_lists_its_flows(installed_wheel):
     assert listed == ["portable", "xnnpack", "coreai", "xnnpack+fold", "xnnpack+cf", "coreai+multifunction"]
 
 
-def test_the_installed_wheel_replays_every_finding(installed_wheel):
-    _, venv, outside = installed_wheel
+def test_the_installed_wheel_carries_and_replays_the_findings(installed_wheel):
+    """Every finding's repro ships in the wheel (tests/test_findings.py replays
+    each from the checkout); the installed etprop replays one spec repro per
+    runtime (portable, XNNPACK, Core AI) from its own package data."""
+    wheel, venv, outside = installed_wheel
+    names = set(zipfile.ZipFile(wheel).namelist())
     index = json.loads((ROOT / "findings" / "index.json").read_text())
-    specs = sorted(p.name for p in (ROOT / "findings" / "repros").glob("*.json"))
-    result = _run(venv, outside, "replay", "--artifacts", str(outside / "replay"))
+    assert index and all(f"etprop/findings/{entry['repro']}" in names for entry in index)
+    assert {f"etprop/findings/repros/{p.name}" for p in (ROOT / "findings" / "repros").iterdir()} <= names
+    package = subprocess.run([str(venv / "bin" / "python"), "-c", "import etprop.findings as f, os; "
+                              "print(os.path.dirname(f.__file__))"], cwd=outside, capture_output=True, text=True,
+                             check=True).stdout.strip()
+    chosen = {}
+    for entry in index:
+        if entry["repro"].endswith(".json"):
+            chosen.setdefault(entry["flows"][0], entry["repro"])
+    paths = [str(Path(package) / chosen[flow]) for flow in ("portable", "xnnpack", "coreai")]
+    result = _run(venv, outside, "replay", *paths, "--artifacts", str(outside / "replay"))
     assert "Traceback" not in result.stderr, result.stderr[-3000:]
-    replayed = [line for line in result.stdout.splitlines() if "findings/repros/" in line and "skipped" not in line]
-    assert len(replayed) == len(specs) and len(index) > 0, result.stdout[-3000:]
+    replayed = [line for line in result.stdout.splitlines() if line.startswith("still failing")]
+    assert len(replayed) == 3 and result.returncode == 1, result.stdout[-3000:]
 
 
 def test_the_installed_wheel_runs_a_campaign_outside_the_checkout(installed_wheel):
