@@ -215,7 +215,7 @@ class Summary:
                      + (f", and {len(reached - wanted)} outside it" if reached - wanted else "")]
         else:
             lines = [f"coverage: {len(reached)} combinations (op, argument value, dtype); no coverage corpus stored"]
-        lines += [f"  {group:32} {done:5} / {total}" for group, done, total in self.coverage_rows()]
+        lines += [f"  {group:42} {done:5} / {total}" for group, done, total in self.coverage_rows()]
         missing = sorted(wanted - reached)
         if missing:
             lines.append(f"  not reached ({min(shown, len(missing))} of {len(missing)}; all in coverage.json): "
