@@ -1,6 +1,6 @@
 """The coverage corpus on every flow: programs chosen so that together they
 reach every (op, argument value, dtype) combination the generator draws
-(etprop/strategies/coverage.py), packed several to a lowering, each judged like
+(etprop/strategies/coverage_corpus.py), packed several to a lowering, each judged like
 a drawn program of its family. A campaign makes the corpus once (its
 ``coverage/``) and each round asks every flow for the next programs it has not
 judged, most new combinations first, so no drawable combination waits for a
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import settings
 
 from etprop.oracles.sets import ORACLES_BY_PROPERTY
-from etprop.strategies import coverage
+from etprop.strategies import coverage_corpus as coverage
 from etprop.verdicts.session import record_only
 
 # Programs each round asks a flow for, times a float property's examples.

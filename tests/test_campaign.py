@@ -273,7 +273,7 @@ def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
 
 
 def test_reports_show_which_combinations_of_the_drawable_space_were_reached(tmp_path):
-    from etprop.strategies import coverage
+    from etprop.strategies import coverage_corpus as coverage
 
     _results(tmp_path)
     record = {"property": "coverage", "digest": "d", "ops": ["softmax"], "nodes": 1, "seconds": 1.0,

@@ -83,7 +83,7 @@ def _relu_chain(length, dtype="float32"):
 
 
 def test_packed_programs_take_turns_by_class_in_their_order():
-    from etprop.strategies import coverage
+    from etprop.strategies import coverage_corpus as coverage
 
     first = [_relu_chain(n) for n in range(1, 6)]
     half = [_relu_chain(n, "float16") for n in range(1, 3)]
@@ -96,7 +96,7 @@ def test_packed_programs_take_turns_by_class_in_their_order():
 
 
 def test_a_stored_corpus_is_read_back_not_drawn_again(tmp_path, monkeypatch):
-    from etprop.strategies import coverage
+    from etprop.strategies import coverage_corpus as coverage
 
     made = []
     monkeypatch.setattr(coverage, "chosen", lambda seed, pool: made.append(pool) or ([LEAKY], {("relu", "", "", "x")}))
@@ -111,7 +111,7 @@ def test_a_campaign_round_judges_the_next_programs_of_the_corpus_per_flow(tmp_pa
     program it has not judged, in the corpus's order; shard i of N every N-th."""
     from etprop import flows
     from etprop.properties import test_coverage
-    from etprop.strategies import coverage
+    from etprop.strategies import coverage_corpus as coverage
     from etprop.verdicts.session import Session
 
     specs = [_relu_chain(n) for n in range(1, 6)]

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from etprop import flows as flowreg
 from etprop.errors import UsageError
-from etprop.strategies import coverage
+from etprop.strategies import coverage_corpus as coverage
 from etprop.commands.report import Summary, write_reports
 from etprop.verdicts.outcomes import Outcome
 

@@ -31,7 +31,7 @@ from etprop.commands.environments import Environment, EnvironmentFailed, OutOfTi
 from etprop.errors import UsageError
 from etprop.oracles import differential
 from etprop.program import spec as specmod
-from etprop.strategies import coverage
+from etprop.strategies import coverage_corpus as coverage
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.signature import signature
 
@@ -82,7 +82,7 @@ def program_items(paths: list[str]) -> list[Item]:
 
 def coverage_corpus(seed: int, pool_per_family: int = coverage.POOL_PER_FAMILY,
                     pack_size: int = coverage.PACK_SIZE) -> tuple[list[Item], set]:
-    """The coverage corpus (etprop/strategies/coverage.py) as gate items, a
+    """The coverage corpus (etprop/strategies/coverage_corpus.py) as gate items, a
     packed program judged by its parts where it fails; and the combinations
     its pool reaches."""
     specs, wanted = coverage.chosen(seed, pool_per_family)
