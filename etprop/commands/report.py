@@ -187,6 +187,8 @@ class Summary:
 
     def coverage_rows(self) -> list[tuple[str, int, int]]:
         """(group, reached, in the drawable space) by kind of combination and by dtype."""
+        from etprop.program.vocabulary import CONTROL_FLOW_OPS
+
         reached, wanted = self.coverage()
         space = wanted | reached
 
@@ -196,7 +198,7 @@ class Summary:
             if "=" in key:
                 return "arguments"
             op = key.split(" ", 1)[0]
-            return "control flow" if op.split(">")[-1] in ("cond", "map", "scan", "while_loop") else "ops"
+            return "control flow" if op.split(">")[-1] in CONTROL_FLOW_OPS else "ops"
 
         rows = []
         for label, group in (("kind", kind), ("dtype", lambda key: key[key.rindex("[") + 1:-1])):
