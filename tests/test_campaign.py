@@ -161,6 +161,7 @@ def test_budget_left_after_triage_goes_back_to_exploring(tmp_path, monkeypatch):
     monkeypatch.setattr(campaign, "run_until", fake_round)
     monkeypatch.setattr(campaign.Campaign, "_triage", fake_triage)
     monkeypatch.setattr(campaign.Campaign, "_queued", lambda self, summary: queued["now"])
+    monkeypatch.setattr(campaign.coverage, "stored", lambda folder: ([], set()))
     campaign.Campaign(["portable"], 0.75, 0, 1, (0, 1), tmp_path / "a").run()
     assert events.count("triage") == 1 and events[0] == "round"
     assert "round" in events[events.index("triage"):], "no exploration after triage ended early"
