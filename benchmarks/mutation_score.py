@@ -9,8 +9,9 @@ dtype holding the op, with the lowered outputs left as they were, fails the
 suite's own oracle (oracles/tolerance.judge) against the mutated reference.
 No lowering runs. A mutant no program of the corpus can tell apart in
 float64 is equivalent (reported, not counted); one no program holds is a
-survivor "never drawn". Quantized and stateful programs are left out (their
-references are the converted program and a call sequence).
+survivor "never drawn". Quantized programs and programs that write a buffer
+in place are left out (their references are the converted program and a call
+sequence).
 
     .venv/bin/python benchmarks/mutation_score.py --artifacts artifacts [--flows xnnpack] [--limit N]
 """

@@ -73,12 +73,13 @@ def chosen(seed: int, pool_per_family: int = POOL_PER_FAMILY) -> tuple[list[dict
     return [specs[index] for index in picked], wanted
 
 
-def packed(specs: list[dict], pack_size: int) -> list[tuple[dict, list[dict]]]:
+def packed(specs: list[dict], pack_size: int, alone: list[dict] = ()) -> list[tuple[dict, list[dict]]]:
     """``specs`` as programs to run: (program, the specs it computes). Specs of
     one packing class go ``pack_size`` to a program, in their order; a spec
-    that cannot share a method stays alone. The classes take turns (a float32
-    pack, a float16 pack, ..., a multi-method program, then the next of each),
-    so a budget that ends early has still reached every class."""
+    that cannot share a method, and every spec of ``alone``, stays alone. The
+    classes take turns (a float32 pack, a float16 pack, ..., a multi-method
+    program, one of ``alone``, then the next of each), so a budget that ends
+    early has still reached every class."""
     by_class: dict = {}
     for spec in specs:
         by_class.setdefault(coverage_space.packing_class(spec), []).append(spec)
@@ -89,7 +90,34 @@ def packed(specs: list[dict], pack_size: int) -> list[tuple[dict, list[dict]]]:
         else:
             queues.append([(coverage_space.pack(members[start:start + pack_size]), members[start:start + pack_size])
                            for start in range(0, len(members), pack_size)])
+    if alone:
+        queues.append([(spec, [spec]) for spec in alone])
     return [queue[turn] for turn in range(max(map(len, queues), default=0)) for queue in queues if turn < len(queue)]
+
+
+def for_flow(specs: list[dict], flow: str, pack_size: int) -> list[tuple[dict, list[dict]]]:
+    """The corpus as ``flow`` runs it. A program holding the cause of a
+    finding recorded for the flow fails on it, and in a pack one such part
+    hides what the other parts compute: every spec joins its pack with those
+    causes neutralized (etprop/program/neutralize.py), so packs pass and their
+    outputs serve mutation analysis. A spec whose neutralization removed a
+    combination no other program reaches also runs as drawn, alone: every
+    combination is still exercised, and a fixed finding still shows."""
+    from etprop.verdicts import known_findings
+
+    clean, lost = [], []
+    for spec in specs:
+        found = known_findings.causes_on(flow, spec)
+        neutral = known_findings.neutralized(spec, found)[0] if found else spec
+        clean.append(neutral)
+        lost.append(coverage_space.keys(spec) - coverage_space.keys(neutral) if found else set())
+    reached = set().union(*(coverage_space.keys(spec) for spec in clean))
+    alone = []
+    for spec, keys in zip(specs, lost):
+        if keys - reached:
+            alone.append(spec)
+            reached |= keys
+    return packed(clean, pack_size, alone)
 
 
 def pack_size_for(runtime: str) -> int:

@@ -114,10 +114,12 @@ def test_a_campaign_round_judges_the_next_programs_of_the_corpus_per_flow(tmp_pa
     from etprop.strategies import coverage_corpus as coverage
     from etprop.verdicts.session import Session
 
-    specs = [_relu_chain(n) for n in range(1, 6)]
+    chain = _relu_chain(2)
+    two_methods = dict(chain, methods={"forward": chain["methods"]["forward"], "other": chain["methods"]["forward"]})
+    specs = [_relu_chain(n) for n in range(1, 6)] + [two_methods]
     monkeypatch.setattr(coverage, "PACK_SIZE", 2)
     monkeypatch.setattr(coverage, "stored", lambda folder, pool: (specs, set()))
-    monkeypatch.setattr(test_coverage, "per_round", lambda: 1)
+    monkeypatch.setattr(test_coverage, "per_round", lambda prop: 1)
     monkeypatch.setenv("ETPROP_RECORD_ONLY", "1")
 
     def rounds(root, count, shard="0/1"):
@@ -126,9 +128,57 @@ def test_a_campaign_round_judges_the_next_programs_of_the_corpus_per_flow(tmp_pa
             session = Session(root, isolated=False)
             test_coverage.test_coverage_corpus(flows.get("portable"), session)
             session.close()
-        return [json.loads(line)["digest"] for path in sorted((root / "results").glob("*.jsonl"))
+        return [json.loads(line) for path in sorted((root / "results").glob("*.jsonl"))
                 for line in path.read_text().splitlines()]
 
-    packs = [specdigest(program) for program, _ in coverage.packed(specs, 2)]
-    assert rounds(tmp_path / "one", 4) == packs, "three programs in three rounds, then nothing new"
-    assert rounds(tmp_path / "shard", 2, "1/2") == packs[1::2]
+    packs = [specdigest(program) for program, _ in coverage.packed(specs[:-1], 2)]
+    judged = rounds(tmp_path / "one", 4)
+    assert [record["digest"] for record in judged] == [packs[0], specdigest(two_methods), *packs[1:]], \
+        "a pack and the multi-method program, then a pack per round, then nothing new"
+    assert [(record["property"], record["item"].rsplit("::", 1)[-1], record["share"]) for record in judged[:2]] == [
+        ("coverage", "coverage", 3), ("coverage_multi_method", "coverage_multi_method", 1)]
+    every = [specdigest(program) for program, _ in coverage.packed(specs, 2)]
+    assert sorted(record["digest"] for record in rounds(tmp_path / "shard", 2, "1/2")) == sorted(every[1::2])
+
+
+VARIANCE = dict(_program([{"id": "v1", "op": "var", "args": ["x"], "attrs": {"dim": -1}}], ["v1"], dtype="float16"),
+                dtype="float16")
+INLINED_COND = {"format": FORMAT, "state": {}, "methods": {"forward": {
+    "inputs": [{"name": "x", "shape": [4, 8], "dtype": "float32"}],
+    "nodes": [{"id": "v1", "op": "cond", "args": ["x"], "attrs": {"inline": True}, "bodies": [
+        {"params": ["a"], "nodes": [{"id": "u1", "op": "map", "args": ["a"], "bodies": [
+            {"params": ["b"], "nodes": [{"id": "w1", "op": "tanh", "args": ["b"]}], "outputs": ["w1"]}]}],
+         "outputs": ["u1"]},
+        {"params": ["a"], "nodes": [{"id": "u2", "op": "neg", "args": ["a"]}], "outputs": ["u2"]}]}],
+    "outputs": ["v1"]}}}
+
+
+def test_an_inlined_construct_is_straight_line_code_not_control_flow():
+    keys = coverage_space.keys(INLINED_COND)
+    assert not any(key[0].startswith("cond") for key in keys), "an inlined cond is not a torch.cond"
+    assert ("map", "", "", "float32") in keys and ("tanh", "", "", "float32") in keys
+    assert not any(key[0] == "cond>map" for key in keys)
+
+
+def test_a_flow_runs_its_packs_with_the_causes_of_its_findings_neutralized():
+    """KERNELS-001 (add with alpha, portable) removes a drawn argument: its
+    spec joins the pack neutralized and also runs as drawn, alone; KERNELS-002
+    (float16 var) is neutralized by an equivalent form that keeps every key,
+    so nothing runs twice. A program no finding's cause is in runs as drawn."""
+    from etprop.strategies import coverage_corpus as coverage
+    from etprop.verdicts import known_findings
+
+    adds = _program([{"id": "v1", "op": "add", "args": ["x", "x"], "attrs": {"alpha": 0.5}}], ["v1"])
+    assert [f.id for f in known_findings.causes_on("portable", adds)] == ["KERNELS-001"]
+    assert "KERNELS-002" in [f.id for f in known_findings.causes_on("portable", VARIANCE)]
+    assert known_findings.causes_on("portable", LEAKY) == []
+    programs = coverage.for_flow([LEAKY, adds, VARIANCE], "portable", pack_size=4)
+    groups = [group for _, group in programs]
+    assert len(groups) == 3 and groups[-1] == [adds], "the spec as drawn runs alone, after the packs"
+    pack, half = groups[0], groups[1]
+    assert pack[0] == LEAKY and len(pack) == 2
+    assert pack[1]["methods"]["forward"]["nodes"][0] == {"id": "v1", "op": "add", "args": ["x", "x"], "attrs": {}}
+    assert half[0]["methods"]["forward"]["nodes"][0]["attrs"] == {"dim": -1, "in_float32": True}
+    reached = set().union(*(coverage_space.keys(program) for program, _ in programs))
+    assert reached == set().union(*map(coverage_space.keys, [LEAKY, adds, VARIANCE]))
+    assert coverage.for_flow([LEAKY], "xnnpack", pack_size=4) == coverage.packed([LEAKY], 4)

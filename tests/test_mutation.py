@@ -2,6 +2,8 @@
 generated from the whole vocabulary, a campaign keeps the lowered outputs it
 needs, and a mutant is killed only through the suite's own oracle."""
 
+import json
+
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -100,3 +102,23 @@ def test_mutant_variants_change_only_their_op():
     (misread,) = list(Mutant("mean", "misread_argument", "dim").variants(spec))[:1]
     assert [n.get("attrs") for _, n in all_nodes(misread)][1] == {"dim": 2, "keepdim": True}
     assert ARGUMENTS["mean"]["dim"] is semantic_mutants.REQUIRED
+
+
+def test_the_scorer_leaves_out_only_programs_that_write_a_buffer_in_place(tmp_path):
+    """A neutralized program whose buffer update is out of place is a plain
+    function of its inputs and is scored; one that writes in place is not."""
+    import torch
+
+    spec = _corpus_spec()
+    spec["state"] = {"b": {"kind": "buffer", "shape": [3, 4], "seed": 1, "scale": 1.0, "mutable": True}}
+    spec["methods"]["forward"]["nodes"].append({"id": "v4", "op": "buffer_update", "args": ["v3"], "state": "b"})
+    out_of_place = json.loads(json.dumps(spec))
+    out_of_place["state"]["b"]["mutable"] = False
+    out_of_place["methods"]["forward"]["nodes"][-1]["attrs"] = {"in_place": False}
+    (tmp_path / "corpus").mkdir()
+    for name, program in (("in_place", spec), ("out_of_place", out_of_place)):
+        torch.save({"spec": program, "property": "mixed", "recorded": 1.0, "seconds": 1.0,
+                    "flows": {"portable": {"runtime": None, "cases": []}}}, tmp_path / "corpus" / f"{name}.pt")
+    entries, skipped = load_corpus(tmp_path, None)
+    assert [entry["spec"] for entry in entries] == [out_of_place]
+    assert skipped == {"stateful (mutable buffers)": 1}

@@ -5,7 +5,9 @@ campaign coverage reports.
 A program's keys are tuples ``(op, argument, value, dtype)``:
 - ``(op, "", "", dtype)`` for every op it holds (a layer counts as
   ``layer:<Type>``; control flow as ``cond``, ``map``, ``scan``, ``while_loop``,
-  and a construct nested in another as ``cond>map`` and so on);
+  and a construct nested in another as ``cond>map`` and so on; an inlined one,
+  straight-line code, as nothing; an out-of-place buffer update as
+  ``buffer_update:out_of_place``);
 - ``(op, argument, value, dtype)`` for every argument the generator draws
   (etprop.program.semantic_mutants.ARGUMENTS) set away from its default, the
   value in a class (booleans, strings and small integers as themselves, other
@@ -46,11 +48,16 @@ def program_dtype(spec: dict) -> str:
     return "/".join(sorted(dtypes)) or "none"
 
 
+def _is_control_flow(node: dict) -> bool:
+    """A control-flow node rendered as such (an inlined one is straight-line code)."""
+    return node["op"] in CONTROL_FLOW_OPS and not node.get("attrs", {}).get("inline")
+
+
 def _walk(nodes: list[dict], outer: str) -> Iterator[tuple[str, dict]]:
     for node in nodes:
         yield outer, node
         for body in node.get("bodies", []):
-            yield from _walk(body["nodes"], node["op"] if node["op"] in CONTROL_FLOW_OPS else outer)
+            yield from _walk(body["nodes"], node["op"] if _is_control_flow(node) else outer)
 
 
 def keys(spec: dict) -> set[Key]:
@@ -63,6 +70,10 @@ def keys(spec: dict) -> set[Key]:
                 entry = spec["state"].get(node.get("state"), {})
                 op, attrs = f"layer:{entry.get('type')}", entry.get("kwargs", {})
                 defaults = LAYER_ARGUMENTS.get(entry.get("type"), {})
+            if op in CONTROL_FLOW_OPS and not _is_control_flow(node):
+                continue
+            if op == "buffer_update" and not attrs.get("in_place", True):
+                op = "buffer_update:out_of_place"
             found.add((op, "", "", dtype))
             if op in CONTROL_FLOW_OPS and outer:
                 found.add((f"{outer}>{op}", "", "", dtype))

@@ -57,6 +57,11 @@ class Finding:
         if (self.status != "confirmed" or flow not in self.flows or outcome != self.outcome
                 or not re.search(self.pattern, message, re.S)):
             return False
+        return self.holds_conditions(spec)
+
+    def holds_conditions(self, spec: Optional[dict]) -> bool:
+        """Whether ``spec`` has what the signature asks of a program (the ops,
+        attributes, parametrization or quantized computed weight), whatever it fails with."""
         if self.quantized_computed_weight and not (spec is not None and spec.get("quantization") and any(
                 entry.get("parametrizations") for entry in spec["state"].values())):
             return False
@@ -127,3 +132,16 @@ def neutralized(spec: dict, findings: list[Finding]) -> tuple[dict, int]:
     places changed (0: none of their causes is in the program)."""
     rules = [rule for finding in findings for rule in finding.neutralize]
     return neutralize(spec, rules)
+
+
+def causes_on(flow: str, spec: dict) -> list[Finding]:
+    """Confirmed findings of ``flow`` (or the flows it is built on) whose cause
+    ``spec`` holds, judged before it runs: the signature's program conditions
+    hold and neutralizing the finding changes the program. A program that
+    holds none can only fail in a way no finding explains."""
+    findings = load()
+    named = {name for finding in findings for name in finding.flows}
+    names = [flow] if flow in named else lineage(flow)
+    return [finding for finding in findings
+            if finding.status == "confirmed" and finding.neutralize and any(name in finding.flows for name in names)
+            and finding.holds_conditions(spec) and neutralize(spec, list(finding.neutralize))[1]]

@@ -28,7 +28,8 @@ def load_corpus(artifacts: Path, flows: set[str] | None) -> tuple[list[dict], Co
         if spec.get("quantization"):
             skipped["quantized"] += 1
             continue
-        if any(node["op"] == "buffer_update" for _, node in all_nodes(spec)):
+        if any(node["op"] == "buffer_update" and node.get("attrs", {}).get("in_place", True)
+               for _, node in all_nodes(spec)):
             skipped["stateful (mutable buffers)"] += 1
             continue
         entry["flows"] = {f: v for f, v in entry["flows"].items() if not flows or f in flows}
