@@ -103,6 +103,25 @@ def _source_kind(node, static: set[str], depth: int = 0, known: dict | None = No
     return known[node]
 
 
+def _delegate_output_kind(call, index: int, static: set[str], depth: int, known: dict) -> str:
+    """The kind of a delegate's output, read from the subgraph the delegate
+    was lowered from: a GEMM whose weight a delegated permute feeds is still a
+    GEMM on a parameter."""
+    lowered = getattr(call.graph.owning_module, call.args[0].target, None)
+    program = getattr(lowered, "original_module", None)
+    if program is None:
+        return "computed"
+    outer = [arg for arg in call.args[1:] if isinstance(arg, torch.fx.Node)]
+    inputs = [node for node in program.graph.nodes if node.op == "placeholder"
+              and node.name in program.graph_signature.user_inputs]
+    inner_static = _static_inputs(program) | {
+        node.name for node, arg in zip(inputs, outer) if _source_kind(arg, static, depth + 1, known) == "static"}
+    results = next(node for node in program.graph.nodes if node.op == "output").args[0]
+    if index >= len(results) or not isinstance(results[index], torch.fx.Node):
+        return "computed"
+    return _source_kind(results[index], inner_static, depth + 1, {})
+
+
 def _classify(node, static: set[str], depth: int, known: dict) -> str:
     if node.op == "placeholder":
         return "static" if node.name in static else "dynamic"
@@ -110,6 +129,9 @@ def _classify(node, static: set[str], depth: int, known: dict) -> str:
         return "static"
     if node.op != "call_function" or depth > 64:
         return "dynamic"
+    if op_name(node) == "getitem" and isinstance(node.args[0], torch.fx.Node) \
+            and op_name(node.args[0]) == "executorch_call_delegate":
+        return _delegate_output_kind(node.args[0], node.args[1], static, depth, known)
     # Positional operands only: after to_executorch, ``out=`` kwargs name alloc nodes.
     operands = [arg for arg in node.args if isinstance(arg, torch.fx.Node)]
     kinds = {_source_kind(arg, static, depth + 1, known) for arg in operands}
