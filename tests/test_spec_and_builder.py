@@ -130,3 +130,27 @@ def test_a_method_where_no_node_fits_still_gets_an_output():
         specmod.validate({"format": specmod.FORMAT, "state": program.state, "methods": {"forward": body}})
 
     drawn()
+
+
+def test_neutralizations_of_one_layer_compose():
+    """Findings nominated together rewrite one layer with all their attributes:
+    each applies to the layer type it names (a batch norm by hand, a group
+    norm in two passes), none is dropped because another is present."""
+    from etprop.program.builder import render_source
+
+    def norm_program(layer_type, kwargs, attrs):
+        return {"format": specmod.FORMAT, "state": {"n": {"kind": "layer", "type": layer_type, "kwargs": kwargs, "seed": 2}},
+                "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 4, 3, 3], "dtype": "float32"}],
+                                        "nodes": [{"id": "v1", "op": "layer", "args": ["x"], "state": "n",
+                                                   "attrs": attrs}], "outputs": ["v1"]}}}
+
+    both = {"two_pass": True, "layer_norm_two_pass": True, "by_hand": True}
+    for layer_type, kwargs, alone in (("BatchNorm2d", {"num_features": 4}, {"by_hand": True}),
+                                      ("GroupNorm", {"num_groups": 2, "num_channels": 4}, {"two_pass": True})):
+        combined, single = norm_program(layer_type, kwargs, both), norm_program(layer_type, kwargs, alone)
+        assert "batch_norm_by_hand=True" in render_source(combined)
+        built, reference = builder.build(combined), builder.build(single)
+        inputs = reference.inputs("forward")
+        torch.testing.assert_close(built.eager("forward", inputs), reference.eager("forward", inputs), rtol=0, atol=0)
+    bn_with_copy = norm_program("BatchNorm2d", {"num_features": 4}, {**both, "input_copy": True})
+    assert "x.clone()" in render_source(bn_with_copy)

@@ -71,14 +71,14 @@ def _output_padded(full, padding, output_padding, bias):
     return y
 
 
-def _norm_two_pass(norm, x, kinds):
+def _norm_two_pass(norm, x, kinds, batch_norm_by_hand=False):
     """A GroupNorm or LayerNorm layer (of the kinds named) with its variance
-    taken about the mean (two passes, as eager computes it); other layers as
-    they are (a neutralization's equivalent form)."""
+    taken about the mean (two passes, as eager computes it); a batch norm by
+    hand when asked; other layers as they are (neutralizations' equivalent forms)."""
     if isinstance(norm, nn.GroupNorm) and "GroupNorm" in kinds:
         return _group_norm_two_pass(norm, x)
     if not (isinstance(norm, nn.LayerNorm) and "LayerNorm" in kinds):
-        return norm(x)
+        return _batch_norm_by_hand(norm, x) if batch_norm_by_hand else norm(x)
     dims = tuple(range(-len(norm.normalized_shape), 0))
     centered = x - x.mean(dims, keepdim=True)
     var = (centered * centered).mean(dims, keepdim=True)

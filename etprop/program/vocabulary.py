@@ -36,15 +36,17 @@ def _layer(args, attrs, state):
     rounding; neutralizations)."""
     kinds = [kind for kind, attr in (("GroupNorm", "two_pass"), ("LayerNorm", "layer_norm_two_pass"))
              if attrs.get(attr)]
-    if kinds == ["GroupNorm"]:
+    operand = f"{args[0]}.clone()" if attrs.get("input_copy") else args[0]
+    if kinds and attrs.get("by_hand"):
+        # Neutralizations compose: each rewrites only the layer type it names.
+        return f"_norm_two_pass(self.{state}, {operand}, {tuple(kinds)!r}, batch_norm_by_hand=True)"
+    if kinds == ["GroupNorm"] and not attrs.get("input_copy"):
         return f"_group_norm_two_pass(self.{state}, {args[0]})"
     if kinds:
-        return f"_norm_two_pass(self.{state}, {args[0]}, {tuple(kinds)!r})"
+        return f"_norm_two_pass(self.{state}, {operand}, {tuple(kinds)!r})"
     if attrs.get("by_hand"):
-        return f"_batch_norm_by_hand(self.{state}, {args[0]}{'.clone()' if attrs.get('input_copy') else ''})"
-    if attrs.get("input_copy"):
-        return f"self.{state}({args[0]}.clone())"
-    return f"self.{state}({args[0]})"
+        return f"_batch_norm_by_hand(self.{state}, {operand})"
+    return f"self.{state}({operand})"
 
 
 def _weight_ref(state: str, attr: str = "weight") -> str:
