@@ -351,3 +351,45 @@ def test_a_program_a_campaign_already_judged_is_not_judged_again(tmp_path, monke
     one_round()
     one_round()
     assert ran == ["relu", "neg"], ran
+
+
+def test_cores_triage_leaves_idle_explore_until_triage_ends(tmp_path, monkeypatch):
+    """One queued group on two workers: one shrinks, the other explores (a
+    round of one worker) and is stopped as soon as the shrinking ends."""
+    from etprop.commands import campaign, triage
+
+    calls = []
+
+    class OneGroup:
+        def __init__(self, artifacts):
+            pass
+
+        def groups(self, records):
+            return ["group"]
+
+        def pending(self, groups):
+            return groups
+
+    def fake_run_until(command, until, env=None):
+        end = until if callable(until) else (lambda: until)
+        if "shrink" in command:
+            time.sleep(1.0)
+            calls.append(("shrink", time.time()))
+            return 0, ""
+        while time.time() < end():
+            time.sleep(0.05)
+        calls.append(("round", time.time(), command, env["ETPROP_DEADLINE_FILE"]))
+        return None, ""
+
+    monkeypatch.setattr(triage, "Triage", OneGroup)
+    monkeypatch.setattr(campaign, "run_until", fake_run_until)
+    run = campaign.Campaign(["portable"], 1, 0, 2, (0, 1), tmp_path / "a")
+    run.artifacts.mkdir(parents=True)
+    run._round, run._internal_rounds, run._margin = 3, 0, 6
+    until = time.time() + 30
+    run._triage(until, until)
+    (shrink, shrunk_at), (kind, stopped_at, command, deadline_file) = sorted(calls, key=lambda call: call[1])
+    assert kind == "round" and "-n" not in command, "the spare core runs a round of one worker"
+    assert stopped_at - shrunk_at < 2, "the round ends with the triage"
+    assert float(Path(deadline_file).read_text()) == pytest.approx(until - 6)
+    assert run._round == 4 and run._internal_rounds == 0

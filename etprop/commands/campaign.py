@@ -216,12 +216,13 @@ class Campaign:
                    ETPROP_SHARD=f"{self.shard[0]}/{self.shard[1]}")
         return env
 
-    def _pytest_command(self, round_index: int, per_round: int) -> list[str]:
+    def _pytest_command(self, round_index: int, per_round: int, workers: int | None = None) -> list[str]:
         command = properties_command(round_seed(self.shard, round_index),
                                      self.artifacts / "reports" / f"junit-round{round_index}.xml")
         command.append(f"--etprop-examples={per_round}")
-        if self.workers > 1:
-            command += ["-n", str(self.workers)]
+        workers = workers or self.workers
+        if workers > 1:
+            command += ["-n", str(workers)]
         if self.properties:
             command += ["-k", self.properties]
         return command
@@ -246,12 +247,33 @@ class Campaign:
                    str(self.artifacts), "--until", str(until)]
         for module in self.flow_modules:
             command += ["--flow-module", module]
-        with ThreadPoolExecutor(min(self.workers, queued)) as pool:
-            outputs = list(pool.map(lambda _: run_until(command, stop)[1], range(min(self.workers, queued))))
+        shrinkers = min(self.workers, queued)
+        spare = self.workers - shrinkers
+        shrunk = threading.Event()
+        with ThreadPoolExecutor(shrinkers + bool(spare)) as pool:
+            beside = pool.submit(self._explore_beside_triage, spare, until, shrunk) if spare else None
+            outputs = list(pool.map(lambda _: run_until(command, stop)[1], range(shrinkers)))
+            shrunk.set()
+            if beside is not None:
+                beside.result()
         for output in outputs:
             for line in output.splitlines():
                 if line.startswith("triage "):
                     print("  " + line)
+
+    def _explore_beside_triage(self, workers: int, until: float, shrunk: threading.Event) -> None:
+        """An exploration round on the ``workers`` triage leaves idle (fewer
+        groups queued than workers), until triage ends: shrinking one group
+        must not leave the other cores waiting."""
+        deadline_file = self.artifacts / "exploration-deadline-beside-triage"
+        deadline_file.write_text(repr(until - self._margin))
+        round_index, self._round = self._round, self._round + 1
+        returncode, _ = run_until(self._pytest_command(round_index, EXAMPLES_PER_ROUND, workers),
+                                  lambda: 0.0 if shrunk.is_set() else until, env=self._env(deadline_file))
+        if returncode not in (None, 0, 1, 5):
+            self._internal_rounds += 1
+        print(f"round {round_index} (beside triage, {workers} worker(s)): "
+              + ("stopped when triage ended" if returncode is None else f"pytest exit {returncode}"), flush=True)
 
     def _explore(self, clock_for, started: float) -> bool:
         """Rounds until the exploration deadline (``clock_for()`` gives each
@@ -295,7 +317,7 @@ class Campaign:
         started = time.time()
         deadline = started + self.minutes * 60
         stop = deadline - REPORT_SECONDS
-        margin = min(EXAMPLE_MARGIN_SECONDS, self.minutes * 6)
+        margin = self._margin = min(EXAMPLE_MARGIN_SECONDS, self.minutes * 6)
         triage_budget, triage_spent = self.minutes * 60 * TRIAGE_SHARE, 0.0
         print(f"etprop fuzz: flows {', '.join(self.flows)}; budget {self.minutes:g} min"
               + (f" or {self.examples} examples per property x flow" if self.examples else "")
