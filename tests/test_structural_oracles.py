@@ -227,3 +227,29 @@ def test_bundle_metadata_shared_by_the_clock_is_allowed_and_nothing_more():
     assert not differential.compare_facts(unstamped, dict(candidate, pte_bytes=12605 + 512)).ok
     grown = differential.compare_facts(base, dict(candidate, pte_bytes=12605 + 1024))
     assert not grown.ok and "shared by the clock" in grown.message
+
+
+def test_growth_does_not_count_a_weight_found_inside_a_larger_one():
+    """Two buffers drawn from one seed and scale share their first elements:
+    the smaller one's bytes inside the larger one's storage are not a second
+    copy; a real second copy beside them still is."""
+    from etprop.program.spec import FORMAT
+
+    spec = {"format": FORMAT, "state": {
+        "big": {"kind": "buffer", "shape": [1, 11], "seed": 2, "scale": 1.0},
+        "small": {"kind": "buffer", "shape": [4, 2], "seed": 2, "scale": 1.0}},
+        "methods": {"forward": {"inputs": [{"name": "x", "shape": [4, 2], "dtype": "float32"},
+                                           {"name": "y", "shape": [3, 11], "dtype": "float32"}], "nodes": [
+            {"id": "v1", "op": "mul", "args": ["y"], "state": "big"},
+            {"id": "v2", "op": "minimum", "args": ["x"], "state": "small"},
+        ], "outputs": ["v1", "v2"]}}}
+    built = builder.build(spec)
+    buffers = dict(built.module.named_buffers())
+    assert growth.tensor_bytes(buffers["small"]) in growth.tensor_bytes(buffers["big"]), "the premise: a shared prefix"
+    lowering = pipeline.lower(built, flows.get("portable"))
+    assert lowering.ok, lowering.error
+    assert sum(growth.count_occurrences(lowering.pte, buffers["small"]).values()) == 2
+    verdict = growth.check(lowering)
+    assert verdict.ok, verdict.message
+    doubled = dataclasses.replace(lowering, pte=lowering.pte + growth.tensor_bytes(buffers["small"]))
+    assert "small (4, 2) (32 bytes) stored 2 times" in growth.check(doubled).message
