@@ -516,3 +516,26 @@ def test_a_batch_norm_read_through_a_copy_or_written_out_computes_the_same_value
     for left, right in zip(original.eager("forward", original.inputs("forward")),
                            rewritten.eager("forward", rewritten.inputs("forward")), strict=True):
         torch.testing.assert_close(left, right, **tolerance)
+
+
+def test_a_rewrite_can_be_narrowed_to_what_follows_an_op_and_to_program_dtypes():
+    """``after`` keeps a rewrite to nodes whose first operand one of the named
+    ops computes; ``dtypes`` to programs of those dtypes: a batch norm after a
+    linear is not rewritten for a defect of batch norms after transposed
+    convolutions, nor a float32 program for a float16 defect."""
+    from etprop.program.spec import FORMAT
+
+    def program(first_op, dtype):
+        return {"format": FORMAT, "dtype": dtype,
+                "state": {"n": {"kind": "layer", "type": "BatchNorm1d", "kwargs": {"num_features": 4}, "seed": 1}},
+                "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 4, 3], "dtype": dtype}], "nodes": [
+                    {"id": "v1", "op": first_op, "args": ["x"]},
+                    {"id": "v2", "op": "layer", "args": ["v1"], "state": "n"}], "outputs": ["v2"]}}}
+
+    after_rule = {"rewrite": "set_attrs", "ops": ["layer"], "attrs": {"by_hand": True},
+                  "after": ["conv_transpose1d", "relu"]}
+    assert neutralize(program("relu", "float32"), [after_rule])[1] == 1
+    assert neutralize(program("tanh", "float32"), [after_rule])[1] == 0
+    dtype_rule = {"rewrite": "set_attrs", "ops": ["layer"], "attrs": {"by_hand": True}, "dtypes": ["float16"]}
+    assert neutralize(program("tanh", "float16"), [dtype_rule])[1] == 1
+    assert neutralize(program("tanh", "float32"), [dtype_rule])[1] == 0

@@ -11,7 +11,10 @@ Rewrites (``{"rewrite": NAME, ...}``):
 
 - ``set_attrs``: ``ops``, ``attrs``; nodes of those ops get those attribute values
   (``where`` optional: only nodes whose attributes have these values;
-  ``having`` optional: only nodes where these attributes are set and not zero).
+  ``having`` optional: only nodes where these attributes are set and not zero;
+  ``types`` optional: only layers of these types; ``after`` optional: only
+  nodes whose first operand one of these ops computes; ``dtypes`` optional:
+  only in programs of these dtypes).
 - ``drop_attrs``: ``ops``, ``attrs``; those attributes removed (back to the op's default).
 - ``set_layer_kwargs``: ``types``, ``kwargs``; layers of those types get those kwargs.
 - ``drop_parametrization``: ``type``, ``rank`` and ``where`` (optional); that
@@ -53,10 +56,20 @@ def _nonzero(value) -> bool:
     return any(_nonzero(v) for v in value) if isinstance(value, (list, tuple)) else bool(value)
 
 
+def _producers(spec: dict) -> dict[str, str]:
+    """Value name -> the op of the node that computes it."""
+    return {node["id"]: node["op"] for _, node in all_nodes(spec)}
+
+
 def _set_attrs(spec: dict, rule: dict) -> int:
     changed = 0
+    if "dtypes" in rule and spec.get("dtype", "float32") not in rule["dtypes"]:
+        return 0
+    producers = _producers(spec) if "after" in rule else {}
     for node in _nodes_of(spec, rule["ops"]):
         if "types" in rule and spec["state"].get(node.get("state"), {}).get("type") not in rule["types"]:
+            continue
+        if "after" in rule and producers.get((node.get("args") or [None])[0]) not in rule["after"]:
             continue
         attrs = node.setdefault("attrs", {})
         if not _has(attrs, rule.get("where", {})) or not all(_nonzero(attrs.get(name)) for name in rule.get("having", ())):
