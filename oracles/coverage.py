@@ -39,6 +39,11 @@ GEMM_WEIGHT_ARG = {"convolution": 1, "linear": 1, "addmm": 2, "mm": 1}
 GEMM_BIAS_ARG = {"convolution": 2, "linear": 2, "addmm": 0}
 _VIEWS = {"permute_copy", "permute", "t_copy", "t", "view_copy", "view", "reshape", "transpose",
           "expand_copy", "unsqueeze_copy", "squeeze_copy", "_to_copy", "clone"}
+# Inside a delegate's subgraph only a transpose or copy keeps a weight static:
+# a delegated reshape of a parameter (a reshape parametrization) is a weight
+# computed by the delegate, which stock XNNPACK's GEMMs do not take as static.
+_LAYOUT_ONLY = {"permute_copy", "permute", "t_copy", "t", "transpose", "clone", "_clone_dim_order",
+                "_to_dim_order_copy"}
 
 
 def op_name(node) -> str:
@@ -92,14 +97,14 @@ def _static_inputs(program) -> set[str]:
 _DEQUANTIZE = {"dequantize_per_tensor", "dequantize_per_channel"}
 
 
-def _source_kind(node, static: set[str], depth: int = 0, known: dict | None = None) -> str:
+def _source_kind(node, static: set[str], depth: int = 0, known: dict | None = None, views=_VIEWS) -> str:
     """'static' (a parameter through views), 'quantized' (dequantized from a
     static tensor), 'computed' (only from static tensors), or 'dynamic'
     (depends on a user input). Each node is classified once per call: an
     unrolled loop reaches its nodes along exponentially many paths."""
     known = {} if known is None else known
     if node not in known:
-        known[node] = _classify(node, static, depth, known)
+        known[node] = _classify(node, static, depth, known, views)
     return known[node]
 
 
@@ -119,10 +124,10 @@ def _delegate_output_kind(call, index: int, static: set[str], depth: int, known:
     results = next(node for node in program.graph.nodes if node.op == "output").args[0]
     if index >= len(results) or not isinstance(results[index], torch.fx.Node):
         return "computed"
-    return _source_kind(results[index], inner_static, depth + 1, {})
+    return _source_kind(results[index], inner_static, depth + 1, {}, _LAYOUT_ONLY)
 
 
-def _classify(node, static: set[str], depth: int, known: dict) -> str:
+def _classify(node, static: set[str], depth: int, known: dict, views=_VIEWS) -> str:
     if node.op == "placeholder":
         return "static" if node.name in static else "dynamic"
     if node.op == "get_attr":
@@ -134,12 +139,12 @@ def _classify(node, static: set[str], depth: int, known: dict) -> str:
         return _delegate_output_kind(node.args[0], node.args[1], static, depth, known)
     # Positional operands only: after to_executorch, ``out=`` kwargs name alloc nodes.
     operands = [arg for arg in node.args if isinstance(arg, torch.fx.Node)]
-    kinds = {_source_kind(arg, static, depth + 1, known) for arg in operands}
+    kinds = {_source_kind(arg, static, depth + 1, known, views) for arg in operands}
     if "dynamic" in kinds or not kinds:
         return "dynamic"
-    if len(kinds) == 1 and kinds <= {"static", "quantized"} and op_name(node) in _VIEWS:
+    if len(kinds) == 1 and kinds <= {"static", "quantized"} and op_name(node) in views:
         return kinds.pop()
-    if op_name(node) in _DEQUANTIZE and _source_kind(operands[0], static, depth + 1, known) == "static":
+    if op_name(node) in _DEQUANTIZE and _source_kind(operands[0], static, depth + 1, known, views) == "static":
         return "quantized"
     return "computed"
 
