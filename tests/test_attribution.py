@@ -539,3 +539,34 @@ def test_a_rewrite_can_be_narrowed_to_what_follows_an_op_and_to_program_dtypes()
     dtype_rule = {"rewrite": "set_attrs", "ops": ["layer"], "attrs": {"by_hand": True}, "dtypes": ["float16"]}
     assert neutralize(program("tanh", "float16"), [dtype_rule])[1] == 1
     assert neutralize(program("tanh", "float32"), [dtype_rule])[1] == 0
+
+
+def test_campaigns_run_most_drawn_programs_with_equivalent_known_causes_removed():
+    """A float16 batch norm on XNNPACK holds XNN-024's cause; written by hand
+    it keeps every coverage combination, so a campaign runs it so, except
+    the one program in AS_DRAWN_ONE_IN (by digest) kept as drawn. KERNELS-001's
+    rewrite drops `alpha`, a combination: that program runs as drawn."""
+    from etprop import flows
+    from etprop.program.spec import FORMAT, digest
+    from etprop.verdicts import session as sessionmod
+
+    def batch_norm(seed):
+        return {"format": FORMAT, "dtype": "float16",
+                "state": {"n": {"kind": "layer", "type": "BatchNorm2d", "kwargs": {"num_features": 3}, "seed": seed}},
+                "methods": {"forward": {"inputs": [{"name": "x", "shape": [1, 3, 2, 2], "dtype": "float16"}],
+                                        "nodes": [{"id": "v1", "op": "layer", "args": ["x"], "state": "n"}],
+                                        "outputs": ["v1"]}}}
+
+    rewritten, applied = known_findings.equivalent_neutralization(batch_norm(1), ["xnnpack"])
+    assert applied == ["XNN-024"] and rewritten["methods"]["forward"]["nodes"][0]["attrs"] == {"by_hand": True}
+    adds = {"format": FORMAT, "state": {}, "methods": {"forward": {
+        "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
+        "nodes": [{"id": "v1", "op": "add", "args": ["x", "x"], "attrs": {"alpha": 2.0}}], "outputs": ["v1"]}}}
+    assert known_findings.causes_on("portable", adds) and \
+        known_findings.equivalent_neutralization(adds, ["portable"]) == (adds, [])
+    specs = [batch_norm(seed) for seed in range(1, 40)]
+    kept = [spec for spec in specs if int(digest(spec), 16) % sessionmod.AS_DRAWN_ONE_IN == 0]
+    assert kept and len(kept) < len(specs)
+    for spec in specs:
+        ran = sessionmod._known_causes_removed(spec, [flows.get("xnnpack")])
+        assert (ran == spec) == (spec in kept)

@@ -145,3 +145,22 @@ def causes_on(flow: str, spec: dict) -> list[Finding]:
     return [finding for finding in findings
             if finding.status == "confirmed" and finding.neutralize and any(name in finding.flows for name in names)
             and finding.holds_conditions(spec) and neutralize(spec, list(finding.neutralize))[1]]
+
+
+def equivalent_neutralization(spec: dict, flows: list[str]) -> tuple[dict, list[str]]:
+    """``spec`` with the causes of the flows' recorded findings removed where
+    the rewrite keeps every coverage combination (an equivalent form of the
+    same program, such as a batch norm written by hand), and the findings so
+    neutralized. A rewrite that would drop a combination (control flow
+    inlined, an argument reset) is left out: that program still runs as drawn."""
+    from etprop.program import coverage_space
+
+    keys = coverage_space.keys(spec)
+    found = {finding.id: finding for flow in flows for finding in causes_on(flow, spec)}
+    rules, applied = [], []
+    for finding in found.values():
+        rewritten, changed = neutralize(spec, rules + list(finding.neutralize))
+        if changed and coverage_space.keys(rewritten) == keys:
+            rules += list(finding.neutralize)
+            applied.append(finding.id)
+    return (neutralize(spec, rules)[0], applied) if rules else (spec, [])
