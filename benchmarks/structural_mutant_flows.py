@@ -76,30 +76,18 @@ def _xnnpack_one_partition() -> list:
     return [OnePartition()]
 
 
-register(Flow(
-    name="mutant-gemm-on-portable",
-    description="structural mutant: XNNPACK that leaves every GEMM on portable kernels",
-    partitioners=_xnnpack_without_gemms,
-    baseline="xnnpack",
-    promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS),
-))
+def _xnnpack_mutant(name: str, description: str, partitioners, context=contextlib.nullcontext) -> Flow:
+    """A mutant of stock XNNPACK, making XNNPACK's promises."""
+    return register(Flow(name=name, description=f"structural mutant: XNNPACK {description}",
+                         partitioners=partitioners, context=context, baseline="xnnpack",
+                         promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS)))
 
-register(Flow(
-    name="mutant-weight-twice",
-    description="structural mutant: XNNPACK whose shared weights are stored once per use",
-    partitioners=_xnnpack,
-    context=_payloads_stored_again,
-    baseline="xnnpack",
-    promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS),
-))
 
-register(Flow(
-    name="mutant-cyclic-partition",
-    description="structural mutant: XNNPACK whose partitions are merged into one, across portable ops",
-    partitioners=_xnnpack_one_partition,
-    baseline="xnnpack",
-    promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS),
-))
+_xnnpack_mutant("mutant-gemm-on-portable", "that leaves every GEMM on portable kernels", _xnnpack_without_gemms)
+_xnnpack_mutant("mutant-weight-twice", "whose shared weights are stored once per use", _xnnpack,
+                _payloads_stored_again)
+_xnnpack_mutant("mutant-cyclic-partition", "whose partitions are merged into one, across portable ops",
+                _xnnpack_one_partition)
 
 
 def _separate_payloads():
