@@ -1,9 +1,10 @@
 """Finding power for structural defects: a short campaign over the structural
 mutant flows (benchmarks/structural_mutant_flows.py: a GEMM left on portable,
 a weight stored twice, partitions merged into a cycle, methods given separate
-Core AI payloads), each beside the stock flow it mutates. A mutant is killed
-when some example fails on it in a way no recorded finding explains while its
-stock flow, in the same example or alone, passes that program. A benchmark:
+Core AI payloads), each compared with the stock flow it mutates on the same
+drawn programs (the differential properties). A mutant is killed when some
+example fails on it in a way no recorded finding explains while its stock
+flow passes that program. A benchmark:
 it prints figures, asserts nothing.
 
     .venv/bin/python benchmarks/structural_mutants.py [--minutes 8] [--artifacts DIR]
@@ -58,12 +59,15 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=8.0, help="the campaign's budget (default: 8)")
     parser.add_argument("--artifacts", default="artifacts-structural-mutants")
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--properties", default="differential",
+                        help="pytest -k expression (default: the differential properties, which run the "
+                             "stock flow and the mutant on the same program)")
     args = parser.parse_args()
     chosen = mutants()
     stock = sorted(set(chosen.values()))
     command = [sys.executable, "-m", "etprop.commands.cli", "fuzz", "--flow-module", str(FLOWS_FILE),
                "--flows", ",".join(stock + sorted(chosen)), "--minutes", str(args.minutes),
-               "--artifacts", args.artifacts, "--no-shrink"]
+               "--artifacts", args.artifacts, "--no-shrink", "--properties", args.properties]
     if args.workers:
         command += ["--workers", str(args.workers)]
     started = time.time()
