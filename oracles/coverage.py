@@ -39,11 +39,6 @@ GEMM_WEIGHT_ARG = {"convolution": 1, "linear": 1, "addmm": 2, "mm": 1}
 GEMM_BIAS_ARG = {"convolution": 2, "linear": 2, "addmm": 0}
 _VIEWS = {"permute_copy", "permute", "t_copy", "t", "view_copy", "view", "reshape", "transpose",
           "expand_copy", "unsqueeze_copy", "squeeze_copy", "_to_copy", "clone"}
-# Inside a delegate's subgraph only a transpose or copy keeps a weight static:
-# a delegated reshape of a parameter (a reshape parametrization) is a weight
-# computed by the delegate, which stock XNNPACK's GEMMs do not take as static.
-_LAYOUT_ONLY = {"permute_copy", "permute", "t_copy", "t", "transpose", "clone", "_clone_dim_order",
-                "_to_dim_order_copy"}
 
 
 def op_name(node) -> str:
@@ -97,54 +92,32 @@ def _static_inputs(program) -> set[str]:
 _DEQUANTIZE = {"dequantize_per_tensor", "dequantize_per_channel"}
 
 
-def _source_kind(node, static: set[str], depth: int = 0, known: dict | None = None, views=_VIEWS) -> str:
+def _source_kind(node, static: set[str], depth: int = 0, known: dict | None = None) -> str:
     """'static' (a parameter through views), 'quantized' (dequantized from a
     static tensor), 'computed' (only from static tensors), or 'dynamic'
     (depends on a user input). Each node is classified once per call: an
     unrolled loop reaches its nodes along exponentially many paths."""
     known = {} if known is None else known
     if node not in known:
-        known[node] = _classify(node, static, depth, known, views)
+        known[node] = _classify(node, static, depth, known)
     return known[node]
 
 
-def _delegate_output_kind(call, index: int, static: set[str], depth: int, known: dict) -> str:
-    """The kind of a delegate's output, read from the subgraph the delegate
-    was lowered from: a GEMM whose weight a delegated permute feeds is still a
-    GEMM on a parameter."""
-    lowered = getattr(call.graph.owning_module, call.args[0].target, None)
-    program = getattr(lowered, "original_module", None)
-    if program is None:
-        return "computed"
-    outer = [arg for arg in call.args[1:] if isinstance(arg, torch.fx.Node)]
-    inputs = [node for node in program.graph.nodes if node.op == "placeholder"
-              and node.name in program.graph_signature.user_inputs]
-    inner_static = _static_inputs(program) | {
-        node.name for node, arg in zip(inputs, outer) if _source_kind(arg, static, depth + 1, known) == "static"}
-    results = next(node for node in program.graph.nodes if node.op == "output").args[0]
-    if index >= len(results) or not isinstance(results[index], torch.fx.Node):
-        return "computed"
-    return _source_kind(results[index], inner_static, depth + 1, {}, _LAYOUT_ONLY)
-
-
-def _classify(node, static: set[str], depth: int, known: dict, views=_VIEWS) -> str:
+def _classify(node, static: set[str], depth: int, known: dict) -> str:
     if node.op == "placeholder":
         return "static" if node.name in static else "dynamic"
     if node.op == "get_attr":
         return "static"
     if node.op != "call_function" or depth > 64:
         return "dynamic"
-    if op_name(node) == "getitem" and isinstance(node.args[0], torch.fx.Node) \
-            and op_name(node.args[0]) == "executorch_call_delegate":
-        return _delegate_output_kind(node.args[0], node.args[1], static, depth, known)
     # Positional operands only: after to_executorch, ``out=`` kwargs name alloc nodes.
     operands = [arg for arg in node.args if isinstance(arg, torch.fx.Node)]
-    kinds = {_source_kind(arg, static, depth + 1, known, views) for arg in operands}
+    kinds = {_source_kind(arg, static, depth + 1, known) for arg in operands}
     if "dynamic" in kinds or not kinds:
         return "dynamic"
-    if len(kinds) == 1 and kinds <= {"static", "quantized"} and op_name(node) in views:
+    if len(kinds) == 1 and kinds <= {"static", "quantized"} and op_name(node) in _VIEWS:
         return kinds.pop()
-    if op_name(node) in _DEQUANTIZE and _source_kind(operands[0], static, depth + 1, known, views) == "static":
+    if op_name(node) in _DEQUANTIZE and _source_kind(operands[0], static, depth + 1, known) == "static":
         return "quantized"
     return "computed"
 

@@ -33,9 +33,7 @@ branches included.
 - Non-finite values, per element against float64: where float64 is finite and
   fits the dtype, a NaN/inf from the lowering is a mismatch; where eager is
   non-finite but float64 finite (overflow, inf-inf), or a jittered run leaves
-  the finite range, or eager is finite but further than LOST_SHARE of
-  float64's value from it (an intermediate overflowed: the dtype lost the
-  value), the element is at the edge: masked (a finite lowered value
+  the finite range, the element is at the edge: masked (a finite lowered value
   must still be within a factor EDGE_RATIO of float64, or one ulp of the
   output's scale in its dtype) and counted; where
   float64 is non-finite too, NaN positions and infinity signs must agree.
@@ -61,9 +59,6 @@ FLOAT32_EPS = torch.finfo(torch.float32).eps
 ZERO_FLOOR = 16.0
 # A masked (edge) element's finite lowered value must be within this factor of float64.
 EDGE_RATIO = 2.0
-# Eager's own value is lost (its element treated as at the edge) where it is
-# further than this share of float64's value from float64.
-LOST_SHARE = 0.5
 # Error budgets for the jittered runs where a runtime computes less accurately
 # than eager by design, keyed by (runtime, program dtype); "sums" is the
 # rounding error of sums of terms (GEMMs, reductions, pooling) in units of
@@ -202,11 +197,6 @@ def bound(want, wide, runs) -> Bound:
     runs_finite = torch.stack([torch.isfinite(r) for r in runs]).all(0) if runs else torch.ones_like(finite_y)
     fits = finite_64 & (y64.abs() <= top)
     edge = (fits & ~(finite_y & runs_finite)) | (finite_y & ~fits)
-    if floating:
-        # Eager finite yet far from float64 (an intermediate overflowed or
-        # cancelled away): the dtype lost the value and eager is no reference there.
-        scale64 = float(y64[finite_64].abs().max()) if bool(finite_64.any()) else 0.0
-        edge = edge | (finite_y & fits & ((y - y64).abs() > LOST_SHARE * y64.abs() + eps * scale64))
     zero = torch.zeros_like(y)
     deviations = [torch.where(finite_y & torch.isfinite(r), r - y, zero) for r in runs]
     spread = torch.stack([d.abs() for d in deviations]).amax(0) if runs else zero

@@ -47,20 +47,3 @@ def test_each_structural_mutant_is_killed_where_stock_xnnpack_passes(tmp_path, m
     failed = [verdict for verdict in broken.verdicts if not verdict.ok]
     assert oracle in [verdict.oracle for verdict in failed] and words in broken.message
 
-
-def test_a_gemm_on_a_weight_reshaped_inside_a_delegate_is_not_claimed_as_static(tmp_path):
-    """A weight stored flat (a reshape parametrization): stock XNNPACK
-    delegates the reshape on its own and leaves the GEMM on portable, taking
-    the weight as computed. Read inside the delegate, only transposes keep a
-    weight static, so stock XNNPACK is not blamed for it."""
-    from etprop.lowering import pipeline
-    from etprop.oracles import coverage
-    from etprop.program import builder
-
-    spec = _program([{"id": "v1", "op": "linear", "args": ["x"], "state": "w"}], ["v1"])
-    spec["state"]["w"]["parametrizations"] = [{"type": "reshape"}]
-    lowering = pipeline.lower(builder.build(spec), flows.get("xnnpack"))
-    assert lowering.ok, lowering.error
-    kinds = {kind for *_, kind in coverage.undelegated_gemms(lowering)}
-    assert kinds <= {"computed"}, kinds
-    assert coverage.check(lowering).ok
