@@ -18,6 +18,7 @@ from hypothesis import settings
 
 from etprop.oracles.sets import ORACLES_BY_PROPERTY
 from etprop.strategies import coverage_corpus as coverage
+from etprop.verdicts import known_findings
 from etprop.verdicts.session import record_only
 
 # Programs each round asks a flow for, times a float property's examples:
@@ -32,7 +33,11 @@ def _programs(flow, artifacts: Path) -> dict[str, list[dict]]:
     """This shard's corpus programs as ``flow`` runs them, by property."""
     campaign = record_only()
     specs, _ = coverage.stored(artifacts / "coverage", coverage.POOL_PER_FAMILY if campaign else SMALL_POOL)
-    programs = [program for program, _ in coverage.for_flow(specs, flow.name, coverage.pack_size_for(flow.runtime))]
+    def without_known_causes(spec):
+        return known_findings.neutralized(spec, known_findings.causes_on(flow.name, spec))[0]
+
+    programs = [program for program, _ in coverage.for_flow(specs, coverage.pack_size_for(flow.runtime),
+                                                            without_known_causes)]
     index, count = (int(part) for part in os.environ.get("ETPROP_SHARD", "0/1").split("/"))
     programs = programs[index::count] if campaign else [
         program for program in programs if not program.get("quantization") and len(program["methods"]) == 1][:1]

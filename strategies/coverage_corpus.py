@@ -95,22 +95,17 @@ def packed(specs: list[dict], pack_size: int, alone: list[dict] = ()) -> list[tu
     return [queue[turn] for turn in range(max(map(len, queues), default=0)) for queue in queues if turn < len(queue)]
 
 
-def for_flow(specs: list[dict], flow: str, pack_size: int) -> list[tuple[dict, list[dict]]]:
-    """The corpus as ``flow`` runs it. A program holding the cause of a
+def for_flow(specs: list[dict], pack_size: int, without_known_causes) -> list[tuple[dict, list[dict]]]:
+    """The corpus as one flow runs it. A program holding the cause of a
     finding recorded for the flow fails on it, and in a pack one such part
-    hides what the other parts compute: every spec joins its pack with those
-    causes neutralized (etprop/program/neutralize.py), so packs pass and their
-    outputs serve mutation analysis. A spec whose neutralization removed a
-    combination no other program reaches also runs as drawn, alone: every
-    combination is still exercised, and a fixed finding still shows."""
-    from etprop.verdicts import known_findings
-
-    clean, lost = [], []
-    for spec in specs:
-        found = known_findings.causes_on(flow, spec)
-        neutral = known_findings.neutralized(spec, found)[0] if found else spec
-        clean.append(neutral)
-        lost.append(coverage_space.keys(spec) - coverage_space.keys(neutral) if found else set())
+    hides what the other parts compute: every spec joins its pack as
+    ``without_known_causes(spec)`` returns it (the flow's findings'
+    neutralizations), so packs pass and their outputs serve mutation analysis.
+    A spec whose neutralization removed a combination no other program
+    reaches also runs as drawn, alone: every combination is still exercised,
+    and a fixed finding still shows."""
+    clean = [without_known_causes(spec) for spec in specs]
+    lost = [coverage_space.keys(spec) - coverage_space.keys(neutral) for spec, neutral in zip(specs, clean)]
     reached = set().union(*(coverage_space.keys(spec) for spec in clean))
     alone = []
     for spec, keys in zip(specs, lost):

@@ -172,7 +172,10 @@ def test_a_flow_runs_its_packs_with_the_causes_of_its_findings_neutralized():
     assert [f.id for f in known_findings.causes_on("portable", adds)] == ["KERNELS-001"]
     assert "KERNELS-002" in [f.id for f in known_findings.causes_on("portable", VARIANCE)]
     assert known_findings.causes_on("portable", LEAKY) == []
-    programs = coverage.for_flow([LEAKY, adds, VARIANCE], "portable", pack_size=4)
+    def on(flow):
+        return lambda spec: known_findings.neutralized(spec, known_findings.causes_on(flow, spec))[0]
+
+    programs = coverage.for_flow([LEAKY, adds, VARIANCE], 4, on("portable"))
     groups = [group for _, group in programs]
     assert len(groups) == 3 and groups[-1] == [adds], "the spec as drawn runs alone, after the packs"
     pack, half = groups[0], groups[1]
@@ -181,4 +184,4 @@ def test_a_flow_runs_its_packs_with_the_causes_of_its_findings_neutralized():
     assert half[0]["methods"]["forward"]["nodes"][0]["attrs"] == {"dim": -1, "in_float32": True}
     reached = set().union(*(coverage_space.keys(program) for program, _ in programs))
     assert reached == set().union(*map(coverage_space.keys, [LEAKY, adds, VARIANCE]))
-    assert coverage.for_flow([LEAKY], "xnnpack", pack_size=4) == coverage.packed([LEAKY], 4)
+    assert coverage.for_flow([LEAKY], 4, on("xnnpack")) == coverage.packed([LEAKY], 4)
