@@ -1,8 +1,8 @@
 """The coverage corpus on every flow: programs chosen so that together they
 reach every (op, argument value, dtype) combination the generator draws
-(etprop/strategies/coverage_corpus.py), packed several to a lowering with the
-causes of the flow's recorded findings neutralized, each judged like a drawn
-program of its family. A campaign makes the corpus once (its
+(etprop/strategies/coverage_corpus.py), packed several to a lowering (in a
+campaign with the causes of the flow's recorded findings neutralized), each
+judged like a drawn program of its family. A campaign makes the corpus once (its
 ``coverage/``) and each round asks every flow for the next programs it has not
 judged, most new combinations first, so no drawable combination waits for a
 lucky draw; shard i of N takes every N-th program. Outside a campaign only the
@@ -33,6 +33,7 @@ def _programs(flow, artifacts: Path) -> dict[str, list[dict]]:
     """This shard's corpus programs as ``flow`` runs them, by property."""
     campaign = record_only()
     specs, _ = coverage.stored(artifacts / "coverage", coverage.POOL_PER_FAMILY if campaign else SMALL_POOL)
+
     def without_known_causes(spec):
         return known_findings.neutralized(spec, known_findings.causes_on(flow.name, spec))[0]
 

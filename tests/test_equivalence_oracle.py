@@ -217,4 +217,3 @@ def test_jittered_variant_is_the_program_when_not_jittering(make_linear_relu_spe
             assert all(torch.equal(w, g) for w, g in zip(want, got))
 
     same()
-

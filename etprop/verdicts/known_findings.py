@@ -122,9 +122,14 @@ def nominate(flow: str, outcome: str, message: str, spec: Optional[dict] = None)
     is built on (nominated only: attribution still proves each by
     neutralizing its cause)."""
     findings = load()
-    named = {name for finding in findings for name in finding.flows}
-    names = [flow] if flow in named else lineage(flow)
+    names = _flows_named_for(flow, findings)
     return [finding for finding in findings if any(finding.matches(name, outcome, message, spec) for name in names)]
+
+
+def _flows_named_for(flow: str, findings: list[Finding]) -> list[str]:
+    """The flow itself when some finding names it; else the flows it is built on."""
+    named = {name for finding in findings for name in finding.flows}
+    return [flow] if flow in named else lineage(flow)
 
 
 def neutralized(spec: dict, findings: list[Finding]) -> tuple[dict, int]:
@@ -140,8 +145,7 @@ def causes_on(flow: str, spec: dict) -> list[Finding]:
     hold and neutralizing the finding changes the program. A program that
     holds none can only fail in a way no finding explains."""
     findings = load()
-    named = {name for finding in findings for name in finding.flows}
-    names = [flow] if flow in named else lineage(flow)
+    names = _flows_named_for(flow, findings)
     return [finding for finding in findings
             if finding.status == "confirmed" and finding.neutralize and any(name in finding.flows for name in names)
             and finding.holds_conditions(spec) and neutralize(spec, list(finding.neutralize))[1]]
