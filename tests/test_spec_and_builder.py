@@ -154,3 +154,27 @@ def test_neutralizations_of_one_layer_compose():
         torch.testing.assert_close(built.eager("forward", inputs), reference.eager("forward", inputs), rtol=0, atol=0)
     bn_with_copy = norm_program("BatchNorm2d", {"num_features": 4}, {**both, "input_copy": True})
     assert "x.clone()" in render_source(bn_with_copy)
+
+
+def test_two_pass_norms_in_half_precision_do_not_overflow():
+    """A two-pass norm (an equivalent form neutralizations write) on float16
+    values hundreds apart keeps what eager's norm computes: squaring a centered
+    half-precision value past 256 overflows, so the form works in float32 as
+    eager does and rounds once."""
+
+    def norm_program(layer_type, kwargs, attrs, shape):
+        return {"format": specmod.FORMAT, "dtype": "float16",
+                "state": {"n": {"kind": "layer", "type": layer_type, "kwargs": kwargs, "seed": 3}},
+                "methods": {"forward": {"inputs": [{"name": "x", "shape": shape, "dtype": "float16"}],
+                                        "nodes": [{"id": "v1", "op": "layer", "args": ["x"], "state": "n",
+                                                   "attrs": attrs}], "outputs": ["v1"]}}}
+
+    for layer_type, kwargs, attrs, shape in (
+            ("GroupNorm", {"num_groups": 2, "num_channels": 4}, {"two_pass": True}, [2, 4, 3, 3]),
+            ("LayerNorm", {"normalized_shape": [6]}, {"layer_norm_two_pass": True}, [3, 6])):
+        rewritten, plain = builder.build(norm_program(layer_type, kwargs, attrs, shape)), builder.build(norm_program(layer_type, kwargs, {}, shape))
+        wide = (torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 400).half()
+        [expected] = plain.eager("forward", [wide])
+        [got] = rewritten.eager("forward", [wide])
+        assert got.dtype == torch.float16 and bool(torch.isfinite(got).all()), layer_type
+        torch.testing.assert_close(got, expected, rtol=0, atol=2e-2)

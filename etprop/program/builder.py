@@ -80,14 +80,22 @@ def _norm_two_pass(norm, x, kinds, batch_norm_by_hand=False):
     if not (isinstance(norm, nn.LayerNorm) and "LayerNorm" in kinds):
         return _batch_norm_by_hand(norm, x) if batch_norm_by_hand else norm(x)
     dims = tuple(range(-len(norm.normalized_shape), 0))
-    centered = x - x.mean(dims, keepdim=True)
+    work = _at_least_float32(x)
+    centered = work - work.mean(dims, keepdim=True)
     var = (centered * centered).mean(dims, keepdim=True)
     y = centered / torch.sqrt(var + norm.eps)
     if norm.weight is not None:
         y = y * norm.weight
     if norm.bias is not None:
         y = y + norm.bias
-    return y
+    return y.to(x.dtype)
+
+
+def _at_least_float32(x):
+    """``x`` in float32 when it is in half precision: eager computes a norm's
+    statistics and output in float32 and rounds once, and a square of a
+    centered half-precision value past 256 would overflow where eager does not."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
 
 
 def _batch_norm_by_hand(norm, x):
@@ -110,14 +118,14 @@ def _group_norm_two_pass(norm, x):
     equivalent form)."""
     if not isinstance(norm, nn.GroupNorm):
         return norm(x)
-    grouped = x.reshape(x.shape[0], norm.num_groups, -1)
+    grouped = _at_least_float32(x).reshape(x.shape[0], norm.num_groups, -1)
     centered = grouped - grouped.mean(-1, keepdim=True)
     var = (centered * centered).mean(-1, keepdim=True)
     y = (centered / torch.sqrt(var + norm.eps)).reshape(x.shape)
     if norm.affine:
         shape = [1, -1] + [1] * (x.dim() - 2)
         y = y * norm.weight.reshape(shape) + norm.bias.reshape(shape)
-    return y
+    return y.to(x.dtype)
 
 
 def _reinit(module, seed):
