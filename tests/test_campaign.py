@@ -267,6 +267,8 @@ def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
     assert "| quantized | `xnnpack` | 1 | 100.0% | 33.3% | 1 pass |" in text
     assert "least served: quantized x xnnpack, 0.33 of its designed share" in summary.text()
     assert "| dynamic_per_channel | `xnnpack` | 1 | 1 pass |" in text
+    line = "ops per lowering: 1.3 on average over 3 flow results (mixed 1.5, quantized 1.0)"
+    assert line in text and line in summary.text()
     assert "dynamic_per_channel" in summary.text()
     page = html_path.read_text()
     assert "&lt;differs&gt;" in page and "repros/history/mixed--xnnpack--b.json" in page and "<td><code>addmm" in page

@@ -111,6 +111,25 @@ class Summary:
         total_designed, total_got = sum(designed.values()) or 1, sum(got.values()) or 1
         return {cell: (designed.get(cell, 0) / total_designed, got[cell] / total_got) for cell in got}
 
+    def ops_per_lowering(self) -> dict[str, tuple[int, float]]:
+        """Per property, and over all (``""``): flow results and the mean ops
+        of the programs they lowered. A lowering costs a fixed second or so
+        plus a little per op, so bigger programs buy more checking per second."""
+        per: dict[str, list[int]] = defaultdict(list)
+        for record in self.records:
+            for _ in record["flows"]:
+                per[record["property"]].append(record.get("nodes", 0))
+                per[""].append(record.get("nodes", 0))
+        return {prop: (len(sizes), sum(sizes) / len(sizes)) for prop, sizes in per.items()}
+
+    def ops_text(self) -> str:
+        sizes = self.ops_per_lowering()
+        if not sizes:
+            return ""
+        count, mean = sizes.pop("")
+        parts = ", ".join(f"{prop} {mean_ops:.1f}" for prop, (_, mean_ops) in sorted(sizes.items()))
+        return f"ops per lowering: {mean:.1f} on average over {count} flow results ({parts})"
+
     def total_examples(self) -> int:
         return len(self.records)
 
@@ -261,6 +280,8 @@ class Summary:
         if short:
             ratio, (prop, flow) = min(short)
             lines.append(f"  least served: {prop} x {flow}, {ratio:.2f} of its designed share")
+        if self.records:
+            lines.append(self.ops_text())
         quantized = self.quantization_cells()
         if quantized:
             share = sum(1 for r in self.records if r.get("quantization"))
@@ -291,6 +312,8 @@ class Summary:
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             designed, got = shares.get((prop, flow), (0.0, 0.0))
             lines.append(f"| {prop} | `{flow}` | {sum(counts.values())} | {designed:.1%} | {got:.1%} | {outcome_text} |")
+        if self.records:
+            lines += ["", self.ops_text()]
         quantized = self.quantization_cells()
         if quantized:
             lines += ["", "| quantization scheme | flow | flow results | outcomes |", "|---|---|---|---|"]
