@@ -318,6 +318,26 @@ def test_nearest_by_index_is_nearest_interpolation(size):
                                rtol=0, atol=0)
 
 
+def test_stride_written_out_is_the_default_stride():
+    """COREAI-014's equivalent form: an avg_pool2d's default stride written
+    out as its kernel size computes the same pool; an explicit stride is kept."""
+    import torch
+
+    from etprop.program import builder
+
+    nodes = [{"id": "v0", "op": "avg_pool2d", "args": ["x"], "attrs": {"kernel_size": [3, 2], "padding": [1, 1]}},
+             {"id": "v1", "op": "avg_pool2d", "args": ["x"], "attrs": {"kernel_size": 2, "stride": 1}}]
+    spec = _program(nodes, shape=(1, 2, 7, 6), outputs=["v0", "v1"])
+    rule = {"rewrite": "copy_attrs", "ops": ["avg_pool2d"], "copy": {"stride": "kernel_size"}}
+    written, changed = neutralize(spec, [rule])
+    assert changed == 1
+    assert [n["attrs"].get("stride") for n in written["methods"]["forward"]["nodes"]] == [[3, 2], 1]
+    original, rewritten = builder.build(spec), builder.build(written)
+    inputs = original.inputs("forward")
+    for got, expected in zip(rewritten.eager("forward", inputs), original.eager("forward", inputs)):
+        torch.testing.assert_close(got, expected, rtol=0, atol=0)
+
+
 _GROUP_NORM = ("GroupNorm", "two_pass", "_group_norm_two_pass(self.n, x)")
 _LAYER_NORM = ("LayerNorm", "layer_norm_two_pass", "_norm_two_pass(self.n, x, ('LayerNorm',))")
 

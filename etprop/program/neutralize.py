@@ -16,6 +16,10 @@ Rewrites (``{"rewrite": NAME, ...}``):
   nodes whose first operand one of these ops computes; ``dtypes`` optional:
   only in programs of these dtypes).
 - ``drop_attrs``: ``ops``, ``attrs``; those attributes removed (back to the op's default).
+- ``copy_attrs``: ``ops``, ``copy`` (target -> source); where a node leaves the
+  target attribute unset, it gets the source's value: an argument whose
+  default is another argument's value, written out (``having`` optional as
+  for ``set_attrs``).
 - ``set_layer_kwargs``: ``types``, ``kwargs``; layers of those types get those kwargs.
 - ``drop_parametrization``: ``type``, ``rank`` and ``where`` (optional); that
   parametrization (with those attribute values) is removed from every state
@@ -77,6 +81,19 @@ def _set_attrs(spec: dict, rule: dict) -> int:
         if any(attrs.get(name) != value for name, value in rule["attrs"].items()):
             attrs.update(rule["attrs"])
             changed += 1
+    return changed
+
+
+def _copy_attrs(spec: dict, rule: dict) -> int:
+    changed = 0
+    for node in _nodes_of(spec, rule["ops"]):
+        attrs = node.get("attrs", {})
+        if not all(_nonzero(attrs.get(name)) for name in rule.get("having", ())):
+            continue
+        for target, source in rule["copy"].items():
+            if attrs.get(target) is None and attrs.get(source) is not None:
+                attrs[target] = copy.deepcopy(attrs[source])
+                changed += 1
     return changed
 
 
@@ -204,6 +221,7 @@ REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "quantize_folded_weights": _quantize_folded_weights,
     "set_attrs": _set_attrs,
     "drop_attrs": _drop_attrs,
+    "copy_attrs": _copy_attrs,
     "set_layer_kwargs": _set_layer_kwargs,
     "drop_parametrization": _drop_parametrization,
     "set_parametrization_attrs": _set_parametrization_attrs,
