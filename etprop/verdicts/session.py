@@ -62,6 +62,21 @@ def _known_causes_removed(spec: dict, flows: list) -> dict:
     return rewritten
 
 
+def _is_simplest_draw() -> bool:
+    """Whether the example under way is Hypothesis's simplest (every choice at
+    its simplest value). Hypothesis starts every test run with it, so in a
+    campaign each item's first example of round 0 would be the same one-node
+    program every campaign; False where Hypothesis does not expose its choices."""
+    from hypothesis.control import _current_build_context
+
+    context = _current_build_context.value
+    nodes = getattr(getattr(context, "data", None), "nodes", None)
+    try:
+        return bool(nodes) and all(node.trivial for node in nodes)
+    except AttributeError:
+        return False
+
+
 def _label(text: str) -> None:
     """A Hypothesis event when inside a Hypothesis test; nothing otherwise."""
     if currently_in_test_context():
@@ -324,6 +339,9 @@ class Session:
             _label("not run: past the campaign's budget")
             return None
         if record_only() and currently_in_test_context():
+            if _is_simplest_draw():
+                _label("skipped: Hypothesis's simplest example")
+                assume(False)
             spec = _known_causes_removed(spec, flows)
         if record_only() and currently_in_test_context() and self.already_judged(spec, flows, prop):
             _label("skipped: already judged in this campaign")
