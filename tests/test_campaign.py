@@ -394,3 +394,30 @@ def test_cores_triage_leaves_idle_explore_until_triage_ends(tmp_path, monkeypatc
     assert stopped_at - shrunk_at < 2, "the round ends with the triage"
     assert float(Path(deadline_file).read_text()) == pytest.approx(until - 6)
     assert run._round == 4 and run._internal_rounds == 0
+
+
+def test_each_round_starts_its_exploration_items_elsewhere(monkeypatch):
+    """A round cut short by the budget leaves out its last items: rounds
+    rotate the exploration items (the coverage corpus stays first), so the
+    items left out differ from round to round."""
+    from types import SimpleNamespace
+
+    from etprop.commands import pytest_plugin
+
+    monkeypatch.delenv("ETPROP_ROUND", raising=False)
+
+    def item(name, family):
+        marker = SimpleNamespace(args=(family,)) if family else None
+        return SimpleNamespace(name=name, get_closest_marker=lambda _: marker)
+
+    def order(round_index):
+        config = SimpleNamespace(getoption=lambda name, default=None: round_index if name == "etprop_round" else None)
+        items = [item("cov-a", "coverage"), item("cov-b", "coverage")] + [item(f"p{i}", "mixed") for i in range(10)]
+        pytest_plugin.pytest_collection_modifyitems(config, items)
+        return [i.name for i in items]
+
+    natural = ["cov-a", "cov-b"] + [f"p{i}" for i in range(10)]
+    assert order(None) == order(0) == natural
+    rounds = [order(r) for r in range(1, 6)]
+    assert all(r[:2] == ["cov-a", "cov-b"] and sorted(r) == sorted(natural) for r in rounds)
+    assert len({r[-1] for r in rounds}) == 5, rounds

@@ -219,7 +219,7 @@ class Campaign:
     def _pytest_command(self, round_index: int, per_round: int, workers: int | None = None) -> list[str]:
         command = properties_command(round_seed(self.shard, round_index),
                                      self.artifacts / "reports" / f"junit-round{round_index}.xml")
-        command.append(f"--etprop-examples={per_round}")
+        command += [f"--etprop-examples={per_round}", f"--etprop-round={round_index}"]
         workers = workers or self.workers
         if workers > 1:
             command += ["-n", str(workers)]

@@ -11,6 +11,7 @@ Options (also settable through ETPROP_* environment variables, which is how
   --etprop-db URL           example database: a directory, or redis://host:port/db
   --etprop-db-readonly URL  a database to replay from without writing (e.g. CI's)
   --etprop-seed N           seed Hypothesis's generation (shards of a campaign, the gate)
+  --etprop-round N          a campaign's round: where its exploration items start
 
 Why not --hypothesis-seed: Hypothesis turns its example database off when that
 option forces a seed, and a campaign's shards must share the database.
@@ -35,6 +36,7 @@ OPTIONS = {
     "db": "ETPROP_DB",
     "db_readonly": "ETPROP_DB_READONLY",
     "seed": "ETPROP_SEED",
+    "round": "ETPROP_ROUND",
 }
 
 
@@ -101,6 +103,28 @@ def pytest_configure(config):
 
         for target in module.split(","):
             flows.load_flow_module(target)
+
+
+# Round N's exploration items start N times this fraction of the way round
+# their list (the golden ratio's: successive starts stay far apart).
+ROUND_ROTATION = 0.6180339887
+
+
+def _family(item) -> str | None:
+    marker = item.get_closest_marker("etprop_family")
+    return marker.args[0] if marker and marker.args else None
+
+
+def pytest_collection_modifyitems(config, items):
+    """In a campaign, each round starts its exploration items at another place
+    (the coverage corpus stays first): a round cut short by the budget then
+    leaves different items out each time, not always the last in file order."""
+    round_index = int(option(config, "round", 0))
+    rest = [item for item in items if _family(item) != "coverage"]
+    if not round_index or not rest:
+        return
+    offset = int((round_index * ROUND_ROTATION) % 1 * len(rest))
+    items[:] = [item for item in items if _family(item) == "coverage"] + rest[offset:] + rest[:offset]
 
 
 @pytest.hookimpl(hookwrapper=True)
