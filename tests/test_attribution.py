@@ -338,6 +338,35 @@ def test_stride_written_out_is_the_default_stride():
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
+@pytest.mark.parametrize("layer_type, kwargs, shape", [
+    ("ConvTranspose2d", {"in_channels": 6, "out_channels": 6, "kernel_size": [2, 3], "stride": [1, 2],
+                         "padding": [0, 0], "output_padding": [1, 0], "dilation": [2, 2], "groups": 6, "bias": False},
+     (1, 6, 1, 1)),
+    ("ConvTranspose2d", {"in_channels": 2, "out_channels": 4, "kernel_size": 3, "stride": 2, "padding": 1,
+                         "output_padding": 1}, (2, 2, 5, 4)),
+    ("ConvTranspose1d", {"in_channels": 3, "out_channels": 2, "kernel_size": 2, "stride": 3, "padding": 1,
+                         "output_padding": 2, "dilation": 2}, (1, 3, 6)),
+])
+def test_conv_transpose_layer_padded_output_is_the_layer(layer_type, kwargs, shape):
+    """XNN-013's equivalent form for a ConvTranspose layer: its full result
+    cropped and extended gives exactly what the layer gives."""
+    import torch
+
+    from etprop.program import builder
+
+    state = {"l": {"kind": "layer", "type": layer_type, "kwargs": kwargs, "seed": 4}}
+    spec = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "l"}], state=state, shape=shape)
+    rule = {"rewrite": "set_attrs", "ops": ["layer"], "types": ["ConvTranspose1d", "ConvTranspose2d"],
+            "attrs": {"pad_output": True}}
+    padded, changed = neutralize(spec, [rule])
+    assert changed == 1
+    original, rewritten = builder.build(spec), builder.build(padded)
+    assert "_conv_transpose_output_padded(self.l, x)" in rewritten.source
+    inputs = original.inputs("forward")
+    torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
+                               rtol=1e-6, atol=1e-6)
+
+
 _GROUP_NORM = ("GroupNorm", "two_pass", "_group_norm_two_pass(self.n, x)")
 _LAYER_NORM = ("LayerNorm", "layer_norm_two_pass", "_norm_two_pass(self.n, x, ('LayerNorm',))")
 

@@ -71,6 +71,17 @@ def _output_padded(full, padding, output_padding, bias):
     return y
 
 
+def _conv_transpose_output_padded(layer, x):
+    """A ConvTranspose layer with an output_padding as its full transposed
+    convolution, cropped by padding and extended by output_padding, then the
+    bias; other layers as they are (a neutralization's equivalent form)."""
+    if not isinstance(layer, (nn.ConvTranspose1d, nn.ConvTranspose2d)) or not any(layer.output_padding):
+        return layer(x)
+    convolve = F.conv_transpose1d if isinstance(layer, nn.ConvTranspose1d) else F.conv_transpose2d
+    full = convolve(x, layer.weight, None, layer.stride, 0, 0, layer.groups, layer.dilation)
+    return _output_padded(full, list(layer.padding), list(layer.output_padding), layer.bias)
+
+
 def _norm_two_pass(norm, x, kinds, batch_norm_by_hand=False):
     """A GroupNorm or LayerNorm layer (of the kinds named) with its variance
     taken about the mean (two passes, as eager computes it); a batch norm by

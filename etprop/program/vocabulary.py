@@ -33,7 +33,10 @@ def _layer(args, attrs, state):
     variance taken about the mean; ``input_copy``: the layer reads a copy of
     its input, so no rewrite fuses it with the op before; ``by_hand``: a
     batch norm as arithmetic on its running statistics (the same values up to
-    rounding; neutralizations)."""
+    rounding; neutralizations); ``pad_output``: a transposed convolution
+    layer's output_padding applied by padding its full result."""
+    if attrs.get("pad_output"):
+        return f"_conv_transpose_output_padded(self.{state}, {args[0]})"
     kinds = [kind for kind, attr in (("GroupNorm", "two_pass"), ("LayerNorm", "layer_norm_two_pass"))
              if attrs.get(attr)]
     operand = f"{args[0]}.clone()" if attrs.get("input_copy") else args[0]
