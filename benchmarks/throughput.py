@@ -35,7 +35,7 @@ from etprop.verdicts.check import Artifacts, run_example
 from etprop.oracles.sets import SINGLE_FLOW
 from etprop.verdicts.session import Session
 from etprop.program.spec import count_ops
-from etprop.strategies.programs import campaign_families
+from etprop.strategies.coverage_corpus import families as campaign_families
 from etprop.strategies.reproducible import draws_independent_of_imported_source
 
 

@@ -23,16 +23,14 @@ PACK_SIZE_BY_RUNTIME = {"coreai": 3}
 
 
 def families() -> dict:
-    """The program families, by name, drawn smaller than the properties draw
-    them: ten corpus programs share one lowering, and a failing pack is rerun
-    part by part, so the pool's programs reach combinations, not size."""
+    """The program families, by name, as the properties draw them."""
     from etprop.strategies.control_flow import control_flow_programs
-    from etprop.strategies.programs import (computed_weight_programs, multi_method_programs, programs,
+    from etprop.strategies.programs import (computed_weight_programs, mixed_programs, multi_method_programs,
                                             quantized_programs)
 
-    return {"mixed": programs(min_nodes=6, max_nodes=32), "computed_weights": computed_weight_programs(1, 16),
-            "control_flow": control_flow_programs(max_nodes=12), "multi_method": multi_method_programs(max_nodes=16),
-            "quantized": quantized_programs(4, 24)}
+    return {"mixed": mixed_programs(), "computed_weights": computed_weight_programs(),
+            "control_flow": control_flow_programs(), "multi_method": multi_method_programs(),
+            "quantized": quantized_programs()}
 
 
 def family_of(spec: dict) -> str:

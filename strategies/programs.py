@@ -240,12 +240,3 @@ def quantizable_families():
     return st.one_of(programs(min_nodes=QUANTIZED_SLOTS[0], max_nodes=QUANTIZED_SLOTS[1], gemm_heavy=True,
                               dtype="float32"),
                      computed_weight_programs(), control_flow_programs())
-
-
-def campaign_families() -> dict:
-    """The program families, by name, as the properties draw them."""
-    from etprop.strategies.control_flow import control_flow_programs
-
-    return {"mixed": mixed_programs(), "computed_weights": computed_weight_programs(),
-            "control_flow": control_flow_programs(), "multi_method": multi_method_programs(),
-            "quantized": quantized_programs()}
