@@ -31,11 +31,14 @@ PROPERTY = "quantized"
 
 def sample_specs(count: int) -> list[dict]:
     from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
 
     from etprop.program.quantize import SCHEMES
-    from etprop.strategies.programs import quantizable_families, quantized
+    from etprop.strategies.control_flow import control_flow_programs
+    from etprop.strategies.programs import computed_weight_programs, programs, quantized
 
-    families = quantizable_families()
+    families = st.one_of(programs(min_nodes=4, max_nodes=24, gemm_heavy=True, dtype="float32"),
+                         computed_weight_programs(), control_flow_programs())
     specs: list[dict] = []
 
     @settings(max_examples=count, derandomize=True, database=None, deadline=None,

@@ -9,14 +9,10 @@ For a fixed, deterministic sample of drawn programs, per flow:
 - isolation overhead: the same examples through the warm worker process vs
   in-process.
 
-Each program family the campaign draws is measured apart, from the same
-strategies (quantization counts as torch time: export, prepare, calibrate,
-convert), with its mean ops per lowering and the fixed-cost share: a line
-fitted to each example's ExecuTorch seconds against its ops gives the cost
-of a lowering of no ops, and its share of the ExecuTorch time is what
-bigger programs would save.
+Float programs and the same kind of programs PT2E-quantized (quantization
+counts as torch time: export, prepare, calibrate, convert) are measured apart.
 
-    .venv/bin/python benchmarks/throughput.py [--examples 6] [--flows portable,xnnpack] [--families mixed,quantized]
+    .venv/bin/python benchmarks/throughput.py [--examples 6] [--flows portable,xnnpack] [--families float,quantized]
 """
 
 from __future__ import annotations
@@ -35,18 +31,17 @@ from etprop.verdicts.check import Artifacts, run_example
 from etprop.oracles.sets import SINGLE_FLOW
 from etprop.verdicts.session import Session
 from etprop.program.spec import count_ops
-from etprop.strategies.coverage_corpus import families as campaign_families
+from etprop.strategies.programs import programs, quantized
 from etprop.strategies.reproducible import draws_independent_of_imported_source
 
 
-def sample_specs(count: int, family: str) -> list[dict]:
-    """``count`` programs of a family as the campaign draws them, the same
-    ones each run; the simplest program Hypothesis starts with is left out
-    (a campaign judges it once)."""
+def sample_specs(count: int, min_nodes: int, max_nodes: int, family: str = "float") -> list[dict]:
     specs = []
-    strategy = campaign_families()[family]
+    strategy = programs(min_nodes=min_nodes, max_nodes=max_nodes)
+    if family == "quantized":
+        strategy = quantized(programs(min_nodes=min_nodes, max_nodes=max_nodes, gemm_heavy=True, dtype="float32"))
 
-    @settings(max_examples=count + 1, derandomize=True, database=None, deadline=None,
+    @settings(max_examples=count, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))
     @given(spec=strategy)
     def collect(spec):
@@ -57,31 +52,16 @@ def sample_specs(count: int, family: str) -> list[dict]:
     return specs[-count:]
 
 
-def fixed_cost(ops: list[int], seconds: list[float]) -> float:
-    """The intercept of the least-squares line seconds = fixed + per_op * ops
-    (0 when the ops do not vary)."""
-    mean_ops, mean_seconds = statistics.mean(ops), statistics.mean(seconds)
-    spread = sum((o - mean_ops) ** 2 for o in ops)
-    if not spread:
-        return 0.0
-    per_op = sum((o - mean_ops) * (s - mean_seconds) for o, s in zip(ops, seconds)) / spread
-    return max(0.0, mean_seconds - per_op * mean_ops)
-
-
 def measure_flow(flow, specs, artifacts: Path) -> dict:
     run_example(specs[0], [flow], "bench", SINGLE_FLOW, Artifacts(artifacts / "warmup"))
     stages.SPENT.clear()
     started = time.perf_counter()
-    per_example = []
     for spec in specs:
-        before = stages.SPENT["executorch"]
         run_example(spec, [flow], "bench", SINGLE_FLOW, Artifacts(artifacts / "inproc"))
-        per_example.append(stages.SPENT["executorch"] - before)
     wall = time.perf_counter() - started
     executorch, torch_time = stages.SPENT["executorch"], stages.SPENT["torch"]
-    fixed = fixed_cost([count_ops(s) for s in specs], per_example) * len(specs)
     return {"wall": wall, "executorch": executorch, "torch": torch_time,
-            "etprop": wall - executorch - torch_time, "fixed": fixed}
+            "etprop": wall - executorch - torch_time}
 
 
 def measure_isolation(flow, specs, artifacts: Path, repeats: int = 2) -> tuple[float, float]:
@@ -118,30 +98,27 @@ def measure_isolation(flow, specs, artifacts: Path, repeats: int = 2) -> tuple[f
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--examples", type=int, default=6)
+    parser.add_argument("--min-nodes", type=int, default=20)
+    parser.add_argument("--max-nodes", type=int, default=40)
     parser.add_argument("--flows", default="")
     parser.add_argument("--no-isolation", action="store_true")
-    parser.add_argument("--families", default="mixed,quantized",
-                        help=f"comma-separated, of: {', '.join(campaign_families())}")
+    parser.add_argument("--families", default="float,quantized")
     args = parser.parse_args()
     chosen = [flowreg.get_available(n) for n in args.flows.split(",") if n] or \
         [f for f in flowreg.available_flows() if f.name in ("portable", "xnnpack", "coreai")]
-    known = campaign_families()
     for family in args.families.split(","):
-        if family not in known:
-            raise SystemExit(f"throughput: unknown family {family!r}; choose from {', '.join(known)}")
-        specs = sample_specs(args.examples, family)
+        specs = sample_specs(args.examples, args.min_nodes, args.max_nodes, family)
         ops = [count_ops(s) for s in specs]
         print(f"{family}: {len(specs)} programs, {statistics.mean(ops):.1f} ops on average "
               f"(min {min(ops)}, max {max(ops)})")
-        print(f"{'flow':22} {'ex/min':>7} {'s/ex':>6} {'ExecuTorch':>11} {'torch':>7} {'etprop':>7} {'fixed':>6}"
+        print(f"{'flow':22} {'ex/min':>7} {'s/ex':>6} {'ExecuTorch':>11} {'torch':>7} {'etprop':>7}"
               f" {'isolated s/ex':>14} {'in-proc s/ex':>13} {'isolation':>10}")
         with tempfile.TemporaryDirectory() as tmp:
             for flow in chosen:
                 figures = measure_flow(flow, specs, Path(tmp) / flow.name)
                 per = figures["wall"] / len(specs)
                 line = (f"{flow.name:22} {60 / per:7.1f} {per:6.2f} {figures['executorch'] / figures['wall']:10.1%} "
-                        f"{figures['torch'] / figures['wall']:7.1%} {figures['etprop'] / figures['wall']:7.1%}"
-                        f" {figures['fixed'] / max(figures['executorch'], 1e-9):6.1%}")
+                        f"{figures['torch'] / figures['wall']:7.1%} {figures['etprop'] / figures['wall']:7.1%}")
                 if not args.no_isolation:
                     isolated, inproc = measure_isolation(flow, specs, Path(tmp) / flow.name)
                     line += f" {isolated:14.2f} {inproc:13.2f} {(isolated - inproc) / inproc:10.1%}"

@@ -8,11 +8,11 @@ from hypothesis import given
 
 from etprop.oracles.sets import DIFFERENTIAL, DIFFERENTIAL_MULTI_METHOD
 from etprop.strategies.control_flow import control_flow_programs
-from etprop.strategies.programs import computed_weight_programs, mixed_programs, multi_method_programs
+from etprop.strategies.programs import computed_weight_programs, multi_method_programs, programs
 
 
 @pytest.mark.etprop_family("mixed")
-@given(spec=mixed_programs())
+@given(spec=programs(min_nodes=6, max_nodes=32))
 def test_differential_mixed(flow_pair, spec, etprop):
     etprop.check(spec, list(flow_pair), "differential", DIFFERENTIAL)
 

@@ -6,11 +6,11 @@ from hypothesis import given
 
 from etprop.oracles.sets import MULTI_METHOD, SINGLE_FLOW
 from etprop.strategies.control_flow import control_flow_programs
-from etprop.strategies.programs import computed_weight_programs, mixed_programs, multi_method_programs
+from etprop.strategies.programs import computed_weight_programs, multi_method_programs, programs
 
 
 @pytest.mark.etprop_family("mixed")
-@given(spec=mixed_programs())
+@given(spec=programs(min_nodes=6, max_nodes=40))
 def test_mixed_programs(flow, spec, etprop):
     etprop.check(spec, [flow], "mixed", SINGLE_FLOW)
 

@@ -25,10 +25,10 @@ PACK_SIZE_BY_RUNTIME = {"coreai": 3}
 def families() -> dict:
     """The program families, by name, as the properties draw them."""
     from etprop.strategies.control_flow import control_flow_programs
-    from etprop.strategies.programs import (computed_weight_programs, mixed_programs, multi_method_programs,
+    from etprop.strategies.programs import (computed_weight_programs, multi_method_programs, programs,
                                             quantized_programs)
 
-    return {"mixed": mixed_programs(), "computed_weights": computed_weight_programs(),
+    return {"mixed": programs(min_nodes=6, max_nodes=32), "computed_weights": computed_weight_programs(),
             "control_flow": control_flow_programs(), "multi_method": multi_method_programs(),
             "quantized": quantized_programs()}
 

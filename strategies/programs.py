@@ -127,20 +127,9 @@ def _batch_linear(sizes: tuple, shapes: list[tuple]) -> bool:
     return True
 
 
-# Node slots per family. A slot is left empty or its op does not fit about a
-# third of the time, so these ranges give drawn programs 20 or more ops on
-# average: a lowering costs about a second fixed plus 0.05 s per op, and small
-# programs would spend the budget on the fixed part (shrinking still reaches
-# one node: the slot count shrinks like any other draw).
-MIXED_SLOTS = (20, 48)
-COMPUTED_WEIGHT_SLOTS = (16, 48)
-QUANTIZED_SLOTS = (18, 44)
-METHOD_SLOTS = (4, 24)
-
-
-def computed_weight_programs(min_nodes: int = COMPUTED_WEIGHT_SLOTS[0], max_nodes: int = COMPUTED_WEIGHT_SLOTS[1]):
+def computed_weight_programs(min_nodes: int = 1, max_nodes: int = 16):
     """GEMMs whose weights are computed (weight_norm, spectral_norm, custom)."""
-    return programs(min_nodes=min(min_nodes, max_nodes), max_nodes=max_nodes, computed_weights=True, gemm_heavy=True)
+    return programs(min_nodes=min_nodes, max_nodes=max_nodes, computed_weights=True, gemm_heavy=True)
 
 
 def _shapes(program: ProgramDraft, body: dict, inputs: list[Value]) -> dict | None:
@@ -164,11 +153,11 @@ def _reinfer(program: ProgramDraft, body: dict, inputs: list[Value]) -> bool:
 
 
 @st.composite
-def multi_method_programs(draw, min_methods: int = 2, max_methods: int = 4, max_nodes: int = METHOD_SLOTS[1]):
+def multi_method_programs(draw, min_methods: int = 2, max_methods: int = 4, max_nodes: int = 16):
     """Several methods over shared weights: the same graph at another batch
     size (decode/prefill style), or a different graph over the same state."""
     program = ProgramDraft(dtype=draw(st.sampled_from(PROGRAM_DTYPES)))
-    first = draw(method_body(program, min(METHOD_SLOTS[0], max_nodes), max_nodes, DRAWERS + GEMM_DRAWERS))
+    first = draw(method_body(program, 2, max_nodes, DRAWERS + GEMM_DRAWERS))
     methods = {"forward": first}
     for index in range(1, draw(st.integers(min_methods, max_methods))):
         name = draw(st.sampled_from(["prefill", "decode", "encode", "score"]).filter(lambda n: n not in methods)) \
@@ -181,7 +170,7 @@ def multi_method_programs(draw, min_methods: int = 2, max_methods: int = 4, max_
                                  "outputs": first["outputs"]}
                 event("multi-method: same graph, other batch")
                 continue
-        methods[name] = draw(method_body(program, min(METHOD_SLOTS[0], max_nodes), max_nodes, GEMM_DRAWERS + DRAWERS))
+        methods[name] = draw(method_body(program, 2, max_nodes, GEMM_DRAWERS + DRAWERS))
         event("multi-method: other graph, shared state")
     return _spec(program, methods)
 
@@ -220,23 +209,6 @@ def quantized(draw, float_programs, schemes: tuple = SCHEMES):
     return {**spec, "format": QUANTIZED_FORMAT, "quantization": draw(quantization_configs(spec, schemes))}
 
 
-def quantized_programs(min_nodes: int = QUANTIZED_SLOTS[0], max_nodes: int = QUANTIZED_SLOTS[1],
-                       schemes: tuple = SCHEMES):
+def quantized_programs(min_nodes: int = 4, max_nodes: int = 24, schemes: tuple = SCHEMES):
     """GEMM-heavy programs (where quantized operators matter), quantized."""
-    return quantized(programs(min_nodes=min(min_nodes, max_nodes), max_nodes=max_nodes, gemm_heavy=True,
-                              dtype="float32"), schemes)
-
-
-def mixed_programs():
-    """The ``mixed`` family: single-method programs over the whole vocabulary."""
-    return programs(min_nodes=MIXED_SLOTS[0], max_nodes=MIXED_SLOTS[1])
-
-
-def quantizable_families():
-    """Float32 programs of the families the quantized differential draws:
-    GEMM-heavy, computed weights, control flow."""
-    from etprop.strategies.control_flow import control_flow_programs
-
-    return st.one_of(programs(min_nodes=QUANTIZED_SLOTS[0], max_nodes=QUANTIZED_SLOTS[1], gemm_heavy=True,
-                              dtype="float32"),
-                     computed_weight_programs(), control_flow_programs())
+    return quantized(programs(min_nodes=min_nodes, max_nodes=max_nodes, gemm_heavy=True, dtype="float32"), schemes)
