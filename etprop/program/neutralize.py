@@ -18,8 +18,7 @@ Rewrites (``{"rewrite": NAME, ...}``):
 - ``drop_attrs``: ``ops``, ``attrs``; those attributes removed (back to the op's default).
 - ``copy_attrs``: ``ops``, ``copy`` (target -> source); where a node leaves the
   target attribute unset, it gets the source's value: an argument whose
-  default is another argument's value, written out (``having`` optional as
-  for ``set_attrs``).
+  default is another argument's value, written out.
 - ``set_layer_kwargs``: ``types``, ``kwargs``; layers of those types get those kwargs.
 - ``drop_parametrization``: ``type``, ``rank`` and ``where`` (optional); that
   parametrization (with those attribute values) is removed from every state
@@ -88,8 +87,6 @@ def _copy_attrs(spec: dict, rule: dict) -> int:
     changed = 0
     for node in _nodes_of(spec, rule["ops"]):
         attrs = node.get("attrs", {})
-        if not all(_nonzero(attrs.get(name)) for name in rule.get("having", ())):
-            continue
         for target, source in rule["copy"].items():
             if attrs.get(target) is None and attrs.get(source) is not None:
                 attrs[target] = copy.deepcopy(attrs[source])
