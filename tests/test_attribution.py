@@ -95,6 +95,7 @@ BROAD = {
     # Its layer norm outputs +-1 (which a negation keeps in range); a relu output shows the second fault.
     "KERNELS-005": ("portable", _with_relu_output(_repro_spec("kernels_layer_norm_one_pass_variance.json"))),
     "EXIR-004": ("portable", _repro_spec("exir_bicubic_antialias_not_core_aten.json")),
+    "EXIR-006": ("xnnpack", _repro_spec("xnnpack_weight_shared_with_scan_tagging.json")),
     "XNN-011": ("xnnpack", _repro_spec("xnnpack_addmm_matrix_bias_first_row.json")),
     "COREAI-012": ("coreai", _repro_spec("coreai_nearest_downsample_half_pixel.json")),
     "TORCHAO-006": ("portable", _repro_spec("torchao_pt2e_nested_cond.json")),
@@ -276,6 +277,31 @@ def test_a_bias_per_use_computes_the_same_values():
     inputs = original.inputs("forward")
     for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_control_flow_body_reading_its_own_copy_computes_the_same_values():
+    """EXIR-006's neutralization: the scan body reads a copy of the weight
+    the top level reads too (the same values, no longer one parameter); a
+    weight only the body reads is left alone."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _repro_spec("xnnpack_weight_shared_with_scan_tagging.json")
+    spec["state"]["w_body"] = {"kind": "weight", "scale": 0.5, "seed": 8, "shape": [6, 6]}
+    scan = spec["methods"]["forward"]["nodes"][1]
+    scan["bodies"][0]["nodes"].append({"args": ["v16"], "id": "v17", "op": "linear", "state": "w_body"})
+    scan["bodies"][0]["outputs"] = ["v17"]
+    apart, changed = neutralize(spec, [{"rewrite": "state_apart_from_control_flow"}])
+    assert changed == 1 and set(apart["state"]) == set(spec["state"]) | {"w6_use"}
+    body = apart["methods"]["forward"]["nodes"][1]["bodies"][0]["nodes"]
+    assert [n["state"] for n in body] == ["w6_use", "w_body"]
+    assert apart["methods"]["forward"]["nodes"][0]["state"] == "w6"
+    original, rewritten = builder.build(spec), builder.build(apart)
+    inputs = original.inputs("forward")
+    for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    assert neutralize(apart, [{"rewrite": "state_apart_from_control_flow"}])[1] == 0
 
 
 def test_loops_over_copies_compute_the_same_values():

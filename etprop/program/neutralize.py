@@ -33,6 +33,10 @@ Rewrites (``{"rewrite": NAME, ...}``):
   first that reads a bias state entry another node also reads gets a copy of
   it, and every call of a layer of those types after the first gets a copy of
   the layer (same seeds: the same values, no longer one tensor).
+- ``state_apart_from_control_flow``: a state entry that a control-flow node's
+  bodies read and that something outside that node reads too is read inside
+  the node from a copy of its own (same kind, seed and shape: the same values,
+  no longer one tensor shared across the control-flow operand and the rest).
 - ``quantize_folded_weights``: a quantized program's computed weights are
   stored as their values before quantizing (``fold_computed_weights``): the
   same float program, whose weights PT2E no longer quantizes op by op.
@@ -44,7 +48,7 @@ import copy
 from typing import Callable
 
 from etprop.errors import UsageError
-from etprop.program.spec import all_nodes
+from etprop.program.spec import all_nodes, iter_nodes
 
 
 def _nodes_of(spec: dict, ops) -> list[dict]:
@@ -212,6 +216,37 @@ def _bias_per_use(spec: dict, rule: dict) -> int:
     return changed
 
 
+def _state_names(node: dict) -> set[str]:
+    return {node.get("state"), node.get("attrs", {}).get("bias_state")} - {None}
+
+
+def _rename_state(node: dict, renames: dict[str, str]) -> None:
+    if node.get("state") in renames:
+        node["state"] = renames[node["state"]]
+    attrs = node.get("attrs", {})
+    if attrs.get("bias_state") in renames:
+        attrs["bias_state"] = renames[attrs["bias_state"]]
+
+
+def _state_apart_from_control_flow(spec: dict, rule: dict) -> int:
+    """Outermost control-flow nodes first: each one that shares a state entry
+    with the rest of the program reads a copy inside; nested nodes are then
+    judged against the rest, copies included."""
+    changed = 0
+    for _, node in list(all_nodes(spec)):
+        if not node.get("bodies"):
+            continue
+        inside = [n for body in node["bodies"] for n in iter_nodes(body["nodes"])]
+        inside_ids = {id(n) for n in inside}
+        outside = set().union(*(_state_names(n) for _, n in all_nodes(spec) if id(n) not in inside_ids))
+        shared = set().union(*(_state_names(n) for n in inside)) & outside
+        renames = {name: _copy_entry(spec, name) for name in sorted(shared)}
+        for inner in inside:
+            _rename_state(inner, renames)
+        changed += len(renames)
+    return changed
+
+
 REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "bias_of_its_own": _bias_of_its_own,
     "bias_per_use": _bias_per_use,
@@ -224,6 +259,7 @@ REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "set_parametrization_attrs": _set_parametrization_attrs,
     "inline_control_flow": _inline_control_flow,
     "buffer_update_out_of_place": _buffer_update_out_of_place,
+    "state_apart_from_control_flow": _state_apart_from_control_flow,
 }
 
 
