@@ -364,7 +364,20 @@ def _policy(name: str):
         return previous_policy
     from etprop import flows as flowreg
 
+    if name == "unscattered":
+        return lambda reference, actual, flow: tolerance.judge(_unscattered(reference), actual,
+                                                               flowreg.get(flow).runtime).problem
     return lambda reference, actual, flow: tolerance.judge(reference, actual, flowreg.get(flow).runtime).problem
+
+
+def _unscattered(reference):
+    """``reference`` with only the up, down and random runs: the policy before
+    the scattered runs, for comparison."""
+    from types import SimpleNamespace
+
+    runs = reference.jittered
+    return SimpleNamespace(expected=reference.expected, wide=reference.wide, flips=reference.flips, directional=2,
+                           jittered=runs[:2] + runs[getattr(reference, "directional", 2):])
 
 
 def evaluate(programs: list[dict], policy, flow_names: list[str]) -> dict:
@@ -501,6 +514,8 @@ def judge_phase(corpus: Path, flow_names: list[str], show: int, sweep: bool) -> 
     report(evaluate(programs, _policy("per-element"), flow_names), "per-element policy "
            f"(SPREAD_FACTOR {tolerance.SPREAD_FACTOR:g}, RELATIVE_FLOOR {tolerance.RELATIVE_FLOOR:g})", show,
            {program["name"]: program["attributed"] for program in programs})
+    report(evaluate(programs, _policy("unscattered"), flow_names), "per-element policy without the scattered runs",
+           show)
     print("non-finite values (cases the previous policy failed on NaN/inf positions):")
     nonfinite_cases(programs, flow_names)
     if sweep:

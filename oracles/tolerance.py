@@ -4,14 +4,17 @@ per output element, from how sensitive that element is (docs/tolerance.md).
 For each (method, input) call the oracle has a ``Reference`` (etprop.program.builder):
 eager outputs ``y``, a float64 run ``y64`` and jittered eager runs, in which every
 input, parameter, buffer and node value was moved by about u ulps: u = +C and
--C (the directional runs, C = SPREAD_FACTOR) and two patterns of random u in
-{-1, 0, 1}; sums by u*eps times the sum of their terms' magnitudes. A spread is
+-C (the directional runs, C = SPREAD_FACTOR), u = +-C with a random sign per
+element (the scattered runs: one element near a rounding op's boundary
+crossing it without all of its neighbours, whose jumps could cancel
+downstream) and two patterns of random u in {-1, 0, 1}; sums by u*eps times
+the sum of their terms' magnitudes. A spread is
 the largest distance of such runs from ``y``: how far rounding differences
 anywhere in the program (another summation order, another vector unit) move
 that element, with ill-conditioning and the jumps of rounding ops and
 branches included.
 
-    allowed = max(directional spread, SPREAD_FACTOR * max(random spread, |y - y64|))
+    allowed = max(directional and scattered spread, SPREAD_FACTOR * max(random spread, |y - y64|))
               + RELATIVE_FLOOR * eps * |y| + SCALE_FLOOR * eps32 * max|y| + ZERO_FLOOR * tiny
 
 - The scale floor (float32 eps times the output's largest finite magnitude,
@@ -164,7 +167,8 @@ def judge(reference, actual: list, runtime: str = "executorch") -> Judgement:
                              f"{tuple(want.shape)} {want.dtype}", unstable)
         runs = [run[index] for run in reference.jittered]
         flips = [run[index] for run in getattr(reference, "flips", None) or []]
-        problem, count = _judge_output(want, got, reference.wide[index], runs, flips)
+        problem, count = _judge_output(want, got, reference.wide[index], runs, flips,
+                                       getattr(reference, "directional", 2))
         unstable += count
         if problem:
             note = f"; {unstable} unstable elements" if unstable else ""
@@ -186,8 +190,10 @@ class Bound:
     spread: torch.Tensor
 
 
-def bound(want, wide, runs) -> Bound:
-    """The per-element bound for one eager output ``want`` (see the module docstring)."""
+def bound(want, wide, runs, directional: int = 2) -> Bound:
+    """The per-element bound for one eager output ``want`` (see the module
+    docstring); the first ``directional`` runs (up, down, then any scattered
+    ones) moved values SPREAD_FACTOR times as far as the rest."""
     floating = want.is_floating_point()
     info = torch.finfo(want.dtype) if floating else None
     eps, tiny, top = (info.eps, info.tiny, info.max) if floating else (0.0, 0.0, float("inf"))
@@ -200,8 +206,8 @@ def bound(want, wide, runs) -> Bound:
     zero = torch.zeros_like(y)
     deviations = [torch.where(finite_y & torch.isfinite(r), r - y, zero) for r in runs]
     spread = torch.stack([d.abs() for d in deviations]).amax(0) if runs else zero
-    # The first two runs (up, down) were already moved SPREAD_FACTOR times as far.
-    scaled = torch.stack([d.abs() * (1.0 if i < 2 else SPREAD_FACTOR) for i, d in enumerate(deviations)]).amax(0) \
+    scaled = torch.stack([d.abs() * (1.0 if i < directional else SPREAD_FACTOR)
+                          for i, d in enumerate(deviations)]).amax(0) \
         if runs else zero
     rounding = torch.where(finite_y & finite_64, (y - y64).abs(), zero)
     magnitude = torch.where(finite_y, y.abs(), zero)
@@ -215,8 +221,8 @@ def bound(want, wide, runs) -> Bound:
     return Bound(allowed, jumps | edge, edge, ~finite_y & ~finite_64, spread)
 
 
-def _judge_output(want, got, wide, runs, flips=()) -> tuple[str | None, int]:
-    limits = bound(want, wide, runs)
+def _judge_output(want, got, wide, runs, flips=(), directional: int = 2) -> tuple[str | None, int]:
+    limits = bound(want, wide, runs, directional)
     tiny = torch.finfo(want.dtype).tiny if want.is_floating_point() else 0.0
     y, y64, g = want.double(), wide.double(), got.double()
     allowed, edge = limits.allowed, limits.edge

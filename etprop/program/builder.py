@@ -348,11 +348,15 @@ def _magnitude(module, value):
 
 
 def _signs(shape):
-    """u per element: {-1, 0, 1} at random, or +-``ulps["directional"]``."""
+    """u per element: {-1, 0, 1} at random; +-``ulps["directional"]`` for
+    every element ("up", "down") or with a random sign per element
+    ("scattered")."""
     mode = _JITTER["mode"]
     if mode == "random":
         return torch.randint(-1, 2, shape, generator=_JITTER["generator"]).double()
     amplitude = _JITTER["ulps"].get("directional", 1.0)
+    if mode == "scattered":
+        return amplitude * (2 * torch.randint(0, 2, shape, generator=_JITTER["generator"]).double() - 1)
     return torch.full(shape, amplitude if mode == "up" else -amplitude, dtype=torch.float64)
 
 
@@ -423,8 +427,16 @@ def hop_while_loop(cond, body, carried):
     return carried
 
 
-# Both directions for every value, then two patterns of random signs.
-JITTER_RUNS = (("up", 0), ("down", 0), ("random", 1), ("random", 2))
+# Both directions for every value; then the directional amplitude with a
+# random sign per element, so that each value near a rounding op's boundary
+# crosses it in some run without most of its neighbours (all of them crossing
+# at once can cancel downstream: docs/tolerance.md); then two patterns of
+# random u in {-1, 0, 1}. The first DIRECTIONAL_RUNS runs move values by the
+# full directional amplitude (oracles/tolerance.py counts them as they are).
+SCATTERED_RUNS = 8
+JITTER_RUNS = ((("up", 0), ("down", 0)) + tuple(("scattered", 100 + seed) for seed in range(SCATTERED_RUNS))
+               + (("random", 1), ("random", 2)))
+DIRECTIONAL_RUNS = 2 + SCATTERED_RUNS
 
 
 def _jittered_runs(module, state, method, inputs, ulps=None, constants=None):
@@ -659,6 +671,9 @@ class Reference:
     expected: list
     wide: list
     jittered: list = field(default_factory=list)
+    # How many of the first jittered runs moved values by the directional
+    # amplitude (oracles/tolerance.py): the others are scaled by SPREAD_FACTOR.
+    directional: int = 2
     # Quantized programs: runs with every quantization's input moved by a
     # whole step (oracles/tolerance.py, QUANTIZED_FLIP_SHARE).
     flips: list = field(default_factory=list)
@@ -748,10 +763,10 @@ class BuiltProgram:
         if self._jittered is None:
             namespace: dict = {}
             exec(compile(render_source(self.spec, jitter=True), "<etprop jittered program>", "exec"), namespace)
-            self._jittered = (namespace["Program"]().eval(), namespace["_jittered_runs"])
-        module, runs = self._jittered
+            self._jittered = (namespace["Program"]().eval(), namespace["_jittered_runs"], namespace["DIRECTIONAL_RUNS"])
+        module, runs, directional = self._jittered
         return Reference(expected, self._wide(method, inputs, restore),
-                         runs(module, state, method, inputs, ulps, self.constants()))
+                         runs(module, state, method, inputs, ulps, self.constants()), directional)
 
     def constants(self) -> dict:
         """The module's plain tensor attributes (spec entries of kind "constant")."""
@@ -806,7 +821,7 @@ class QuantizedProgram(BuiltProgram):
         dynamic = self.spec["quantization"]["scheme"].startswith("dynamic")
         runs = perturbed_runs(self.converted[method], inputs, dynamic, ulps)
         flips = flip_runs(self.converted[method], inputs, ulps)
-        return Reference(expected, [t.clone() for t in expected], runs, flips)
+        return Reference(expected, [t.clone() for t in expected], runs, flips=flips)
 
 
 class _MethodView(torch.nn.Module):

@@ -205,12 +205,13 @@ def main():
     except Exception as exc:
         _verdict("load error", f"{{type(exc).__name__}}: {{exc}}")
     unstable = 0
-    for name, kind, inputs, expected, wide, jittered, flips in cases:
+    for name, kind, inputs, expected, wide, jittered, directional, flips in cases:
         try:
             got = run(name, tuple(inputs))
         except Exception as exc:
             _verdict("run error", f"method '{{name}}' failed on {{kind}} inputs: {{type(exc).__name__}}: {{exc}}")
-        judgement = judge(SimpleNamespace(expected=expected, wide=wide, jittered=jittered, flips=flips), got,
+        judgement = judge(SimpleNamespace(expected=expected, wide=wide, jittered=jittered, directional=directional,
+                                          flips=flips), got,
                           RUNTIME)
         unstable += judgement.unstable
         if judgement.problem:
@@ -285,7 +286,7 @@ def _embedded_cases(spec: dict, runtime: str) -> str:
     for method, kind, inputs in equivalence.cases(built, sequence=sequence):
         reference = built.reference(method, inputs, restore=not sequence, ulps=ulps)
         cases.append((method, kind, list(inputs), reference.expected, reference.wide, reference.jittered,
-                      reference.flips))
+                      reference.directional, reference.flips))
     built.reset_state()
     buffer = io.BytesIO()
     torch.save(cases, buffer)
