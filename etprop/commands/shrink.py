@@ -27,12 +27,7 @@ from etprop.errors import UsageError
 
 
 def _referenced_state(nodes: list[dict]) -> set[str]:
-    used = set()
-    for node in specmod.iter_nodes(nodes):
-        for ref in (node.get("state"), node.get("attrs", {}).get("bias_state")):
-            if ref:
-                used.add(ref)
-    return used
+    return set().union(*(specmod.state_refs(node) for node in specmod.iter_nodes(nodes)))
 
 
 def _prune_body(body: dict) -> None:

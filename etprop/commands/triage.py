@@ -100,10 +100,7 @@ def canonical(spec: dict) -> str:
             for sub in node.get("bodies", ()):
                 body(sub, "params")
             node["id"] = rename(node["id"])
-            if node.get("state"):
-                node["state"] = rename(node["state"])
-            if node.get("attrs", {}).get("bias_state"):
-                node["attrs"]["bias_state"] = rename(node["attrs"]["bias_state"])
+            specmod.rename_state_refs(node, rename)
         b["outputs"] = [rename(o) for o in b["outputs"]]
 
     for method in spec["methods"].values():

@@ -554,7 +554,7 @@ def _jittered_expression(node: dict, expression: str) -> str:
                 f"lambda: _magnitude(self.{state}, {args[0]}))")
     if op in _SUMS or op in ("add", "sub"):
         absolute = vocabulary.render(node, [f"{a}.abs()" for a in args]).replace("torch.sub(", "torch.add(")
-        for name in {node.get("state"), node.get("attrs", {}).get("bias_state")} - {None}:
+        for name in specmod.state_refs(node):
             absolute = absolute.replace(f"self.{name}.weight", f"self.{name}.weight.abs()")
             absolute = absolute.replace(f"self.{name},", f"self.{name}.abs(),").replace(f"self.{name})", f"self.{name}.abs())")
         return f"_jitter({expression}, {op!r}, lambda: {absolute})"

@@ -48,7 +48,7 @@ import copy
 from typing import Callable
 
 from etprop.errors import UsageError
-from etprop.program.spec import all_nodes, iter_nodes
+from etprop.program.spec import all_nodes, iter_nodes, rename_state_refs, state_refs
 
 
 def _nodes_of(spec: dict, ops) -> list[dict]:
@@ -216,18 +216,6 @@ def _bias_per_use(spec: dict, rule: dict) -> int:
     return changed
 
 
-def _state_names(node: dict) -> set[str]:
-    return {node.get("state"), node.get("attrs", {}).get("bias_state")} - {None}
-
-
-def _rename_state(node: dict, renames: dict[str, str]) -> None:
-    if node.get("state") in renames:
-        node["state"] = renames[node["state"]]
-    attrs = node.get("attrs", {})
-    if attrs.get("bias_state") in renames:
-        attrs["bias_state"] = renames[attrs["bias_state"]]
-
-
 def _state_apart_from_control_flow(spec: dict, rule: dict) -> int:
     """Outermost control-flow nodes first: each one that shares a state entry
     with the rest of the program reads a copy inside; nested nodes are then
@@ -238,11 +226,11 @@ def _state_apart_from_control_flow(spec: dict, rule: dict) -> int:
             continue
         inside = [n for body in node["bodies"] for n in iter_nodes(body["nodes"])]
         inside_ids = {id(n) for n in inside}
-        outside = set().union(*(_state_names(n) for _, n in all_nodes(spec) if id(n) not in inside_ids))
-        shared = set().union(*(_state_names(n) for n in inside)) & outside
+        outside = set().union(*(state_refs(n) for _, n in all_nodes(spec) if id(n) not in inside_ids))
+        shared = set().union(*(state_refs(n) for n in inside)) & outside
         renames = {name: _copy_entry(spec, name) for name in sorted(shared)}
         for inner in inside:
-            _rename_state(inner, renames)
+            rename_state_refs(inner, lambda name: renames.get(name, name))
         changed += len(renames)
     return changed
 

@@ -28,7 +28,7 @@ import functools
 import hashlib
 import json
 import keyword
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 from etprop.errors import UsageError
 from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS
@@ -78,6 +78,21 @@ def all_nodes(spec: dict) -> Iterator[tuple[str, dict]]:
     for method, body in spec["methods"].items():
         for node in iter_nodes(body["nodes"]):
             yield method, node
+
+
+def state_refs(node: dict) -> set[str]:
+    """The state entries a node reads by name: its layer, weight or buffer,
+    and the bias a GEMM adds (``attrs.bias_state``)."""
+    return {node.get("state"), node.get("attrs", {}).get("bias_state")} - {None, ""}
+
+
+def rename_state_refs(node: dict, rename: Callable[[str], str]) -> None:
+    """Point every state reference of ``node`` (see ``state_refs``) at ``rename(name)``."""
+    if node.get("state"):
+        node["state"] = rename(node["state"])
+    attrs = node.get("attrs", {})
+    if attrs.get("bias_state"):
+        attrs["bias_state"] = rename(attrs["bias_state"])
 
 
 def _require(cond: Any, message: str) -> None:
