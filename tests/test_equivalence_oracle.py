@@ -178,6 +178,54 @@ def test_one_flip_before_a_rounding_op_is_within_the_bound():
     assert "1 / 96 elements differ" in tolerance.judge(directional_only, lowered).problem
 
 
+_ACCUMULATOR = {"format": FORMAT, "dtype": "float16",
+                "state": {"m1": {"kind": "buffer", "shape": [64], "scale": 1.0, "mutable": True, "seed": 1}},
+                "methods": {"forward": {"inputs": [{"name": "x0", "shape": [64], "dtype": "float16"}],
+                                        "nodes": [{"id": "v2", "op": "buffer_update", "args": ["x0"],
+                                                   "attrs": {"how": "add"}, "state": "m1"}],
+                                        "outputs": ["v2"]}}}
+
+
+def _accumulate(update_for_call, calls: int = 8, kind: str = "small") -> list:
+    """Judge a float16 buffer accumulating small inputs over a sequence of
+    calls, the lowering's buffer computed by ``update_for_call(call, state,
+    x)``; the problem of each call."""
+    built = builder.build(_ACCUMULATOR)
+    ulps = tolerance.op_ulps("executorch", "float16")
+    built.reset_state()
+    state = built.module.m1.clone()
+    problems = []
+    for call in range(1, calls + 1):
+        inputs = built.inputs("forward", kind, seed=call)
+        reference = built.reference("forward", inputs, restore=False, ulps=ulps)
+        state = update_for_call(call, state, inputs[0])
+        problems.append(tolerance.judge(reference, [state]).problem)
+    return problems
+
+
+def test_a_state_carries_its_earlier_rounding_differences_within_the_bound():
+    """A backend rounding each update of a float16 buffer up by two ulps: each
+    call is right given the state it started from, so the drift it carries
+    from call to call must stay within the bound (it exceeded a bound made
+    from the eager state alone after four calls)."""
+    eps = torch.finfo(torch.float16).eps
+
+    def rounding_up(call, state, x):
+        exact = state.double() + x.double()
+        return (exact + 2 * eps * exact.abs()).half()
+
+    assert _accumulate(rounding_up) == [None] * 8
+
+
+def test_a_state_update_lost_in_one_call_is_still_a_mismatch():
+    def loses_the_third(call, state, x):
+        return state if call == 3 else state + x
+
+    problems = _accumulate(loses_the_third, calls=3, kind="normal")
+    assert problems[:2] == [None, None]
+    assert "elements differ" in problems[2]
+
+
 def _reference(expected, wide=None, jittered=None):
     expected = torch.tensor(expected)
     wide = torch.tensor(wide if wide is not None else expected.tolist(), dtype=torch.float64)

@@ -439,23 +439,28 @@ JITTER_RUNS = ((("up", 0), ("down", 0)) + tuple(("scattered", 100 + seed) for se
 DIRECTIONAL_RUNS = 2 + SCATTERED_RUNS
 
 
-def _jittered_runs(module, state, method, inputs, ulps=None, constants=None):
-    """The outputs of ``method`` once per jitter run, each starting from
-    ``state`` (a state dict), ``constants`` (plain tensor attributes) and
-    ``inputs`` jittered too; ``ulps`` maps ops to their error budget in
-    units of eps (default 1)."""
-    runs = []
-    for mode, seed in JITTER_RUNS:
+def _jittered_runs(module, state, method, inputs, ulps=None, constants=None, carried=None):
+    """The outputs of ``method`` once per jitter run, and the state each run
+    ends with. Each run starts from ``state`` (a state dict) jittered, or,
+    within a sequence of calls, from the state that run ended the previous
+    call with (``carried``, one per run: a lowering's state carries its own
+    differences from call to call); ``constants`` (plain tensor attributes)
+    and ``inputs`` are jittered too; ``ulps`` maps ops to their error budget
+    in units of eps (default 1)."""
+    runs, ends = [], []
+    for index, (mode, seed) in enumerate(JITTER_RUNS):
         _JITTER.update(mode=mode, generator=torch.Generator().manual_seed(seed), ulps=ulps or {})
         try:
             with torch.no_grad():
-                module.load_state_dict({key: _jitter(value) for key, value in state.items()})
+                start = carried[index] if carried else {key: _jitter(value) for key, value in state.items()}
+                module.load_state_dict(start)
                 for name, value in (constants or {}).items():
                     setattr(module, name, _jitter(value))
                 runs.append([t.clone() for t in getattr(module, method)(*(_jitter(x) for x in inputs))])
+                ends.append({key: value.clone() for key, value in module.state_dict().items()})
         finally:
             _JITTER.update(mode=None, generator=None, ulps={})
-    return runs
+    return runs, ends
 '''
 
 
@@ -546,6 +551,9 @@ def _jittered_expression(node: dict, expression: str) -> str:
     if (op in _EXACT or (op == "buffer_update" and attrs.get("how") == "copy")
             or (op == "interpolate" and attrs.get("mode", "nearest") == "nearest")):
         return expression
+    if op == "buffer_update" and attrs.get("in_place", True):
+        # The buffer keeps the jittered value: a sequence of calls carries it.
+        return f"self.{node['state']}.copy_(_jitter({expression}, {op!r}))"
     if op in _TERMS:
         return f"_jitter({expression}, {op!r}, lambda: {_TERMS[op](args, node.get('attrs', {}))})"
     if op == "layer":
@@ -689,6 +697,8 @@ class BuiltProgram:
     _initial: Optional[dict] = field(default=None, repr=False)
     _initial_double: Optional[dict] = field(default=None, repr=False)
     _jittered: Optional[tuple] = field(default=None, repr=False)
+    # Within a sequence of calls: the state each jittered run ended the last call with.
+    _jittered_states: Optional[list] = field(default=None, repr=False)
 
     def __post_init__(self):
         self._initial = {k: v.clone() for k, v in self.module.state_dict().items()}
@@ -744,7 +754,9 @@ class BuiltProgram:
         return any(e["kind"] == "buffer" and e.get("mutable") for e in self.spec["state"].values())
 
     def reset_state(self) -> None:
-        """Back to the initial buffer values, in the float32 and float64 copies."""
+        """Back to the initial buffer values, in the float32 and float64 copies
+        (the jittered runs start again from them too)."""
+        self._jittered_states = None
         for module, saved in ((self.module, self._initial), (self._double, self._initial_double)):
             if module is not None and saved is not None:
                 module.load_state_dict(saved)
@@ -755,8 +767,10 @@ class BuiltProgram:
         rounding anywhere moves each output: conditioning, and jumps of
         rounding ops and branches). ``restore`` as for ``eager``; the float64
         copy keeps its own sequence, the jittered runs start each call from
-        the state eager started from. ``ulps``: error budgets per op (see
-        ``_jitter`` in JITTER_PRELUDE)."""
+        the state eager started from, or within a sequence (``restore``
+        False) each from the state it ended the previous call with, so that
+        what the state carries from earlier calls is within the bound.
+        ``ulps``: error budgets per op (see ``_jitter`` in JITTER_PRELUDE)."""
         state = self.module.state_dict()
         state = {k: v.clone() for k, v in state.items()}
         expected = self.eager(method, inputs, restore)
@@ -765,8 +779,10 @@ class BuiltProgram:
             exec(compile(render_source(self.spec, jitter=True), "<etprop jittered program>", "exec"), namespace)
             self._jittered = (namespace["Program"]().eval(), namespace["_jittered_runs"], namespace["DIRECTIONAL_RUNS"])
         module, runs, directional = self._jittered
-        return Reference(expected, self._wide(method, inputs, restore),
-                         runs(module, state, method, inputs, ulps, self.constants()), directional)
+        jittered, ends = runs(module, state, method, inputs, ulps, self.constants(),
+                              None if restore else self._jittered_states)
+        self._jittered_states = None if restore else ends
+        return Reference(expected, self._wide(method, inputs, restore), jittered, directional)
 
     def constants(self) -> dict:
         """The module's plain tensor attributes (spec entries of kind "constant")."""
