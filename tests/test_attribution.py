@@ -100,6 +100,7 @@ BROAD = {
     "COREAI-012": ("coreai", _repro_spec("coreai_nearest_downsample_half_pixel.json")),
     "TORCHAO-006": ("portable", _repro_spec("torchao_pt2e_nested_cond.json")),
     "XNN-018": ("xnnpack", _repro_spec("xnnpack_quantized_shared_bias.json")),
+    "XNN-025": ("xnnpack", _repro_spec("xnnpack_bilinear_fractional_scale_uses_size_ratio.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 
