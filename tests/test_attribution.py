@@ -101,6 +101,7 @@ BROAD = {
     "TORCHAO-006": ("portable", _repro_spec("torchao_pt2e_nested_cond.json")),
     "XNN-018": ("xnnpack", _repro_spec("xnnpack_quantized_shared_bias.json")),
     "XNN-025": ("xnnpack", _repro_spec("xnnpack_bilinear_fractional_scale_uses_size_ratio.json")),
+    "TORCH-002": ("portable", _repro_spec("torch_antialias_width_one_repeats_first_row.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 
@@ -646,3 +647,33 @@ def test_campaigns_run_most_drawn_programs_with_equivalent_known_causes_removed(
     for spec in specs:
         ran = sessionmod._known_causes_removed(spec, [flows.get("xnnpack")])
         assert (ran == spec) == (spec in kept)
+
+
+@pytest.mark.parametrize("shape, attrs", [
+    ((1, 2, 2, 1), {"size": [3, 1]}),
+    ((1, 2, 6, 1), {"scale_factor": 1.5}),
+    ((1, 2, 6, 3), {"size": [4, 3]}),
+    ((1, 2, 3, 1), {"size": [5, 4]}),
+])
+def test_an_antialiased_resize_widened_gives_the_values_of_a_wider_input(shape, attrs):
+    """TORCH-002's neutralization: at widths other than a kept 1 it is the
+    plain interpolate; at a kept width of 1 it gives the column ATen computes
+    when the input is two identical columns wide."""
+    import torch
+    import torch.nn.functional as F
+
+    from etprop.program import builder
+
+    attrs = {"mode": "bilinear", "antialias": True, **attrs}
+    spec = _program([{"id": "v0", "op": "interpolate", "args": ["x"], "attrs": {**attrs, "antialias_widened": True}}],
+                    {}, shape)
+    built = builder.build(spec)
+    x = built.inputs("forward")[0]
+    (got,) = built.eager("forward", (x,))
+    plain = F.interpolate(x, **{k: v for k, v in attrs.items()})
+    if shape[-1] == 1 and plain.shape[-1] == 1:
+        wide = {**attrs, **({"size": [attrs["size"][0], 2]} if "size" in attrs else {"scale_factor": (1.5, 1.0)})}
+        assert torch.equal(got, F.interpolate(x.expand(*shape[:-1], 2), **wide)[..., :1])
+        assert not torch.equal(got, plain), "ATen's width-1 result no longer differs: TORCH-002 may be fixed"
+    else:
+        assert torch.equal(got, plain)

@@ -51,6 +51,23 @@ def _nearest_by_index(x, size):
     return x
 
 
+def _interpolate_widened(x, **kwargs):
+    """F.interpolate, but an antialiased resize that keeps a width of 1 runs on
+    the input widened to 2 and is cut back: ATen's antialiased kernels repeat
+    the first row there (finding TORCH-002); these are the values they give
+    at any other width (a neutralization's equivalent form)."""
+    plain = F.interpolate(x, **kwargs)
+    if x.shape[-1] != 1 or plain.shape[-1] != 1:
+        return plain
+    if kwargs.get("size") is not None:
+        size = kwargs["size"]
+        kwargs["size"] = (size[0] if isinstance(size, (list, tuple)) else size, 2)
+    else:
+        scale = kwargs["scale_factor"]
+        kwargs["scale_factor"] = (scale[0] if isinstance(scale, (list, tuple)) else scale, 1.0)
+    return F.interpolate(x.expand(*x.shape[:-1], 2), **kwargs)[..., :1]
+
+
 def _output_padded(full, padding, output_padding, bias):
     """A transposed convolution from its full result (no padding, no
     output_padding, no bias): ``padding`` cropped from each end of every

@@ -77,12 +77,15 @@ def _addmm(args, attrs, state):
 
 def _interpolate(args, attrs):
     """``by_index``: a nearest resize to a given size written as gathers (the
-    same values; a neutralization)."""
+    same values; a neutralization). ``antialias_widened``: an antialiased 2-D
+    resize keeping a width of 1 computed at width 2 (a neutralization)."""
     if attrs.get("by_index") and attrs.get("mode", "nearest") == "nearest" and attrs.get("size"):
         size = [attrs["size"]] if isinstance(attrs["size"], int) else list(attrs["size"])
         return f"_nearest_by_index({args[0]}, {size!r})"
-    return _call("F.interpolate", "size", "scale_factor", "mode", "align_corners", "recompute_scale_factor",
-                 "antialias")(args, attrs, None)
+    names = ("size", "scale_factor", "mode", "align_corners", "recompute_scale_factor", "antialias")
+    if attrs.get("antialias_widened") and attrs.get("antialias"):
+        return f"_interpolate_widened({args[0]}{_kw(attrs, *names)})"
+    return _call("F.interpolate", *names)(args, attrs, None)
 
 
 def _linear_functional(args, attrs, state):
