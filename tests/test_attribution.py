@@ -102,6 +102,8 @@ BROAD = {
     "XNN-018": ("xnnpack", _repro_spec("xnnpack_quantized_shared_bias.json")),
     "XNN-025": ("xnnpack", _repro_spec("xnnpack_bilinear_fractional_scale_uses_size_ratio.json")),
     "TORCH-002": ("portable", _repro_spec("torch_antialias_width_one_repeats_first_row.json")),
+    "XNN-027": ("xnnpack", _repro_spec("xnnpack_two_batch_norm2d_no_affine_share_weights.json")),
+    "XNN-027b": ("xnnpack", _repro_spec("xnnpack_two_batch_norm1d_no_affine_share_weights.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 
@@ -616,6 +618,25 @@ def test_a_rewrite_can_be_narrowed_to_what_follows_an_op_and_to_program_dtypes()
     dtype_rule = {"rewrite": "set_attrs", "ops": ["layer"], "attrs": {"by_hand": True}, "dtypes": ["float16"]}
     assert neutralize(program("tanh", "float16"), [dtype_rule])[1] == 1
     assert neutralize(program("tanh", "float32"), [dtype_rule])[1] == 0
+
+
+def test_a_rewrite_can_be_narrowed_to_layers_built_with_given_arguments():
+    """``state_kwargs``: XNN-027's rewrite reaches the batch norm built
+    without affine parameters, not the one beside it that has them."""
+    from etprop.program.spec import FORMAT
+
+    def norm(affine, seed):
+        return {"kind": "layer", "type": "BatchNorm1d", "kwargs": {"num_features": 4, "affine": affine}, "seed": seed}
+
+    spec = {"format": FORMAT, "state": {"plain": norm(False, 1), "affine": norm(True, 2)},
+            "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 4, 3], "dtype": "float32"}], "nodes": [
+                {"id": "v1", "op": "layer", "args": ["x"], "state": "plain"},
+                {"id": "v2", "op": "layer", "args": ["x"], "state": "affine"}], "outputs": ["v1", "v2"]}}}
+    (rule,) = next(f for f in known_findings.load() if f.id == "XNN-027").neutralize
+    rewritten, changed = neutralize(spec, [rule])
+    assert changed == 1
+    by_hand = {n["state"]: n.get("attrs", {}).get("by_hand", False) for _, n in all_nodes(rewritten)}
+    assert by_hand == {"plain": True, "affine": False}
 
 
 def test_campaigns_run_most_drawn_programs_with_equivalent_known_causes_removed():

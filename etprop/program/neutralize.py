@@ -12,7 +12,8 @@ Rewrites (``{"rewrite": NAME, ...}``):
 - ``set_attrs``: ``ops``, ``attrs``; nodes of those ops get those attribute values
   (``where`` optional: only nodes whose attributes have these values;
   ``having`` optional: only nodes where these attributes are set and not zero;
-  ``types`` optional: only layers of these types; ``after`` optional: only
+  ``types`` optional: only layers of these types; ``state_kwargs`` optional:
+  only layers constructed with these arguments; ``after`` optional: only
   nodes whose first operand one of these ops computes; ``dtypes`` optional:
   only in programs of these dtypes).
 - ``drop_attrs``: ``ops``, ``attrs``; those attributes removed (back to the op's default).
@@ -74,7 +75,10 @@ def _set_attrs(spec: dict, rule: dict) -> int:
         return 0
     producers = _producers(spec) if "after" in rule else {}
     for node in _nodes_of(spec, rule["ops"]):
-        if "types" in rule and spec["state"].get(node.get("state"), {}).get("type") not in rule["types"]:
+        entry = spec["state"].get(node.get("state"), {})
+        if "types" in rule and entry.get("type") not in rule["types"]:
+            continue
+        if any(entry.get("kwargs", {}).get(name) != value for name, value in rule.get("state_kwargs", {}).items()):
             continue
         if "after" in rule and producers.get((node.get("args") or [None])[0]) not in rule["after"]:
             continue
