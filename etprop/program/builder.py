@@ -456,14 +456,14 @@ JITTER_RUNS = ((("up", 0), ("down", 0)) + tuple(("scattered", 100 + seed) for se
 DIRECTIONAL_RUNS = 2 + SCATTERED_RUNS
 
 
-def _jittered_runs(module, state, method, inputs, ulps=None, constants=None, carried=None):
-    """The outputs of ``method`` once per jitter run, and the state each run
-    ends with. Each run starts from ``state`` (a state dict) jittered, or,
-    within a sequence of calls, from the state that run ended the previous
-    call with (``carried``, one per run: a lowering's state carries its own
-    differences from call to call); ``constants`` (plain tensor attributes)
-    and ``inputs`` are jittered too; ``ulps`` maps ops to their error budget
-    in units of eps (default 1)."""
+def _jittered_runs(module, state, method, inputs, ulps=None, constants=None, carried=None, sequence=False):
+    """The outputs of ``method`` once per jitter run, and within a
+    ``sequence`` of calls the state each run ends with (else None). Each run
+    starts from ``state`` (a state dict) jittered, or from the state that run
+    ended the previous call with (``carried``, one per run: a lowering's state
+    carries its own differences from call to call); ``constants`` (plain
+    tensor attributes) and ``inputs`` are jittered too; ``ulps`` maps ops to
+    their error budget in units of eps (default 1)."""
     runs, ends = [], []
     for index, (mode, seed) in enumerate(JITTER_RUNS):
         _JITTER.update(mode=mode, generator=torch.Generator().manual_seed(seed), ulps=ulps or {})
@@ -474,10 +474,11 @@ def _jittered_runs(module, state, method, inputs, ulps=None, constants=None, car
                 for name, value in (constants or {}).items():
                     setattr(module, name, _jitter(value))
                 runs.append([t.clone() for t in getattr(module, method)(*(_jitter(x) for x in inputs))])
-                ends.append({key: value.clone() for key, value in module.state_dict().items()})
+                if sequence:
+                    ends.append({key: value.clone() for key, value in module.state_dict().items()})
         finally:
             _JITTER.update(mode=None, generator=None, ulps={})
-    return runs, ends
+    return runs, ends if sequence else None
 '''
 
 
@@ -796,9 +797,8 @@ class BuiltProgram:
             exec(compile(render_source(self.spec, jitter=True), "<etprop jittered program>", "exec"), namespace)
             self._jittered = (namespace["Program"]().eval(), namespace["_jittered_runs"], namespace["DIRECTIONAL_RUNS"])
         module, runs, directional = self._jittered
-        jittered, ends = runs(module, state, method, inputs, ulps, self.constants(),
-                              None if restore else self._jittered_states)
-        self._jittered_states = None if restore else ends
+        jittered, self._jittered_states = runs(module, state, method, inputs, ulps, self.constants(),
+                                               None if restore else self._jittered_states, sequence=not restore)
         return Reference(expected, self._wide(method, inputs, restore), jittered, directional)
 
     def constants(self) -> dict:
