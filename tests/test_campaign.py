@@ -396,28 +396,55 @@ def test_cores_triage_leaves_idle_explore_until_triage_ends(tmp_path, monkeypatc
     assert run._round == 4 and run._internal_rounds == 0
 
 
-def test_each_round_starts_its_exploration_items_elsewhere(monkeypatch):
-    """A round cut short by the budget leaves out its last items: rounds
-    rotate the exploration items (the coverage corpus stays first), so the
-    items left out differ from round to round."""
+def _round_order(monkeypatch, tmp_path, items, round_index, served=None):
     from types import SimpleNamespace
 
     from etprop.commands import pytest_plugin
 
     monkeypatch.delenv("ETPROP_ROUND", raising=False)
+    monkeypatch.delenv("ETPROP_SERVED", raising=False)
+    served_file = None
+    if served is not None:
+        served_file = tmp_path / "served.json"
+        served_file.write_text(json.dumps(served))
+    values = {"etprop_round": round_index, "etprop_served": served_file and str(served_file)}
+    config = SimpleNamespace(getoption=lambda name, default=None: values.get(name))
+    items = list(items)
+    pytest_plugin.pytest_collection_modifyitems(config, items)
+    return [item.nodeid for item in items]
 
-    def item(name, family):
-        marker = SimpleNamespace(args=(family,)) if family else None
-        return SimpleNamespace(name=name, get_closest_marker=lambda _: marker)
 
-    def order(round_index):
-        config = SimpleNamespace(getoption=lambda name, default=None: round_index if name == "etprop_round" else None)
-        items = [item("cov-a", "coverage"), item("cov-b", "coverage")] + [item(f"p{i}", "mixed") for i in range(10)]
-        pytest_plugin.pytest_collection_modifyitems(config, items)
-        return [i.name for i in items]
+def _items(shares):
+    from types import SimpleNamespace
 
-    natural = ["cov-a", "cov-b"] + [f"p{i}" for i in range(10)]
-    assert order(None) == order(0) == natural
-    rounds = [order(r) for r in range(1, 6)]
-    assert all(r[:2] == ["cov-a", "cov-b"] and sorted(r) == sorted(natural) for r in rounds)
+    return [SimpleNamespace(nodeid=name, function=SimpleNamespace(etprop_share=share)) for name, share in shares]
+
+
+def test_equally_served_rounds_start_elsewhere_largest_shares_first(monkeypatch, tmp_path):
+    """A round cut short by the budget leaves out its last items: among items
+    equally served, larger shares go first and the rest rotate, so the
+    single-example items left out differ from round to round."""
+    items = _items([("cov", 4)] + [(f"p{i}", 1) for i in range(10)] + [("quant", 12)])
+    natural = [item.nodeid for item in items]
+    assert _round_order(monkeypatch, tmp_path, items, None) == natural, "outside a campaign the order is pytest's"
+    rounds = [_round_order(monkeypatch, tmp_path, items, r, served={}) for r in range(1, 6)]
+    assert all(r[:2] == ["quant", "cov"] and sorted(r) == sorted(natural) for r in rounds), rounds
     assert len({r[-1] for r in rounds}) == 5, rounds
+
+
+def test_a_round_runs_first_the_items_behind_their_share(monkeypatch, tmp_path):
+    """What a cut round left out is owed first next round, whatever its share:
+    served / share orders the round."""
+    items = _items([("cov", 4), ("a", 1), ("b", 1), ("quant", 12)])
+    served = {"cov": 4, "a": 1, "b": 0, "quant": 6}
+    order = _round_order(monkeypatch, tmp_path, items, 3, served=served)
+    assert order == ["b", "quant", "cov", "a"]
+
+
+def test_the_coverage_corpus_streams_count_as_served_for_their_item():
+    records = [{"item": "test_coverage.py::test_coverage_corpus[xnnpack]::coverage", "property": "coverage"},
+               {"item": "test_coverage.py::test_coverage_corpus[xnnpack]::coverage_multi_method",
+                "property": "coverage_multi_method"},
+               {"item": "test_single_method.py::test_mixed_programs[xnnpack]", "property": "mixed"}]
+    assert Summary(records).served_per_item() == {"test_coverage.py::test_coverage_corpus[xnnpack]": 2,
+                                                  "test_single_method.py::test_mixed_programs[xnnpack]": 1}

@@ -14,6 +14,7 @@ ARTIFACTS/results/*.jsonl; the summary and reports are built from them.
 from __future__ import annotations
 
 import hashlib
+import json
 import importlib.util
 import os
 import signal
@@ -207,10 +208,14 @@ class Campaign:
                    not args.no_shrink)
 
     def _env(self, deadline_file: Path) -> dict:
+        served = self.artifacts / "served.json"
+        written = served.with_suffix(".new")
+        written.write_text(json.dumps(Summary.load(self.artifacts).served_per_item()))
+        written.replace(served)
         env = dict(os.environ)
         env.update(ETPROP_FLOWS=",".join(self.flows), ETPROP_ARTIFACTS=str(self.artifacts.resolve()),
                    ETPROP_PROFILE="fuzz-noshrink", ETPROP_RECORD_ONLY="1",
-                   ETPROP_DEADLINE_FILE=str(deadline_file.resolve()),
+                   ETPROP_DEADLINE_FILE=str(deadline_file.resolve()), ETPROP_SERVED=str(served.resolve()),
                    ETPROP_DB=self.db or str((self.artifacts / "hypothesis-db").resolve()),
                    ETPROP_DB_READONLY=self.db_readonly, ETPROP_FLOW_MODULE=",".join(self.flow_modules),
                    ETPROP_SHARD=f"{self.shard[0]}/{self.shard[1]}")

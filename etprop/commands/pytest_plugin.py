@@ -11,7 +11,8 @@ Options (also settable through ETPROP_* environment variables, which is how
   --etprop-db URL           example database: a directory, or redis://host:port/db
   --etprop-db-readonly URL  a database to replay from without writing (e.g. CI's)
   --etprop-seed N           seed Hypothesis's generation (shards of a campaign, the gate)
-  --etprop-round N          a campaign's round: where its exploration items start
+  --etprop-round N          a campaign's round: where its items start among equals
+  --etprop-served FILE      a campaign's examples so far per test item (JSON): who runs first
 
 Why not --hypothesis-seed: Hypothesis turns its example database off when that
 option forces a seed, and a campaign's shards must share the database.
@@ -37,6 +38,7 @@ OPTIONS = {
     "db_readonly": "ETPROP_DB_READONLY",
     "seed": "ETPROP_SEED",
     "round": "ETPROP_ROUND",
+    "served": "ETPROP_SERVED",
 }
 
 
@@ -105,26 +107,32 @@ def pytest_configure(config):
             flows.load_flow_module(target)
 
 
-# Round N's exploration items start N times this fraction of the way round
-# their list (the golden ratio's: successive starts stay far apart).
+# Among equally served items, round N starts N times this fraction of the way
+# round their list (the golden ratio's: successive starts stay far apart).
 ROUND_ROTATION = 0.6180339887
 
 
-def _family(item) -> str | None:
-    marker = item.get_closest_marker("etprop_family")
-    return marker.args[0] if marker and marker.args else None
+def item_share(item) -> int:
+    """An item's designed share of a campaign round (``share``; the coverage
+    corpus sets its own)."""
+    return getattr(getattr(item, "function", None), "etprop_share", 1)
 
 
 def pytest_collection_modifyitems(config, items):
-    """In a campaign, each round starts its exploration items at another place
-    (the coverage corpus stays first): a round cut short by the budget then
-    leaves different items out each time, not always the last in file order."""
+    """In a campaign, each round runs first the items furthest behind their
+    designed share (examples so far over share), so a round the budget cuts
+    short is made up for by the next one; among equals, larger shares first
+    (what a cut then leaves out is single examples, owed first next round),
+    then each round starting at another place in the list."""
+    served_file = option(config, "served")
     round_index = int(option(config, "round", 0))
-    rest = [item for item in items if _family(item) != "coverage"]
-    if not round_index or not rest:
+    if not served_file and not round_index:
         return
-    offset = int((round_index * ROUND_ROTATION) % 1 * len(rest))
-    items[:] = [item for item in items if _family(item) == "coverage"] + rest[offset:] + rest[:offset]
+    served = json.loads(Path(served_file).read_text()) if served_file else {}
+    offset = int((round_index * ROUND_ROTATION) % 1 * len(items))
+    rotated = {id(item): (position - offset) % len(items) for position, item in enumerate(items)}
+    items.sort(key=lambda item: (served.get(item.nodeid, 0) / item_share(item), -item_share(item),
+                                 rotated[id(item)]))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -219,7 +227,7 @@ def _etprop_item(request):
     summary can set what each property x flow got against what it was given."""
     if "etprop" in request.fixturenames:
         artifacts = request.getfixturevalue("etprop").artifacts
-        artifacts.item, artifacts.share = request.node.nodeid, getattr(request.function, "etprop_share", 1)
+        artifacts.item, artifacts.share = request.node.nodeid, item_share(request.node)
     yield
 
 

@@ -133,6 +133,16 @@ class Summary:
     def total_examples(self) -> int:
         return len(self.records)
 
+    def served_per_item(self) -> dict[str, int]:
+        """Examples judged per test item (the coverage corpus records each of its
+        streams as ``ITEM::PROPERTY``; they count for the item)."""
+        served: Counter = Counter()
+        for record in self.records:
+            item = record.get("item")
+            if item:
+                served[item.removesuffix(f"::{record['property']}")] += 1
+        return dict(served)
+
     def min_examples_per_cell(self) -> int:
         cells = self.cells()
         return min((sum(c.values()) for c in cells.values()), default=0)
