@@ -266,3 +266,18 @@ def test_shrinking_a_regression_keeps_the_baseline_passing():
 
     blind = shrink_to(spec, lambda s: candidate.run(s, "mixed", "x")["outcome"] != "pass", log=lambda line: None)
     assert baseline.run(blind.spec, "mixed", "x")["outcome"] != "pass"
+
+
+def test_findings_of_the_gated_backends_come_before_the_coverage_corpus_the_others_after():
+    from etprop.commands.cross_gate import _finding_items
+    from etprop.verdicts import known_findings
+
+    relevant, others = _finding_items(("xnnpack", "xnnpack+fold-pkg"))
+    by_id = {f.id: f for f in known_findings.load()}
+    ids = lambda items: {item.source.removeprefix("finding ") for item in items}
+    assert relevant and others
+    assert all(any(flow.startswith("xnnpack") for flow in by_id[i].flows) for i in ids(relevant))
+    assert not any(flow.startswith("xnnpack") for i in ids(others) for flow in by_id[i].flows)
+    assert "COREAI-006" in ids(others)
+    everything, none = _finding_items()
+    assert len(everything) == len(relevant) + len(others) and not none

@@ -5,8 +5,10 @@ outside partitioner package), not a flow of this process.
 This process draws every program once and decides; each environment lowers
 and runs the programs with its own libraries (etprop/commands/env_worker.py,
 crash-isolated, single-flow oracles and attribution there) and answers in
-plain data. The corpus runs in this order within the budget: every recorded
-finding's program, then programs drawn from a fixed seed, family by family.
+plain data. The corpus runs in this order within the budget: the programs of
+the findings recorded on the gated flows' backends, the coverage corpus, the
+other findings' programs, then programs drawn from a fixed seed, family by
+family.
 Per program the candidate's result is compared with the baseline's as the
 in-process gate compares them (etprop/commands/compare.py), then their
 lowerings' facts by the differential oracle (size, delegate calls, ops left
@@ -55,15 +57,25 @@ class Item:
     parts: list["Item"] = field(default_factory=list)
 
 
-def _finding_items() -> list[Item]:
+def _backend(flow: str) -> str:
+    """The backend a flow lowers to: ``xnnpack+fold`` and ``xnnpack`` share one."""
+    return flow.split("+")[0]
+
+
+def _finding_items(flows: tuple[str, ...] = ()) -> tuple[list[Item], list[Item]]:
+    """Recorded findings' programs: (those seen on the gated flows' backends,
+    the others). Without ``flows`` every finding is relevant."""
     from etprop.verdicts import known_findings, repro
 
-    items = []
+    backends = {_backend(flow) for flow in flows}
+    relevant, others = [], []
     for finding in known_findings.load():
         if finding.repro.endswith(".json"):
             record = repro.read(finding.repro_path)
-            items.append(Item(f"finding {finding.id}", record["property"], record["spec"]))
-    return items
+            item = Item(f"finding {finding.id}", record["property"], record["spec"])
+            on_gated = not backends or any(_backend(flow) in backends for flow in finding.flows)
+            (relevant if on_gated else others).append(item)
+    return relevant, others
 
 
 def program_items(paths: list[str]) -> list[Item]:
@@ -98,14 +110,17 @@ def coverage_corpus(seed: int, pool_per_family: int = coverage.POOL_PER_FAMILY,
     return items, wanted
 
 
-def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = coverage.PACK_SIZE
-           ) -> tuple[list[Item], set]:
-    """Recorded findings first, then the coverage corpus, then ``per_family``
-    drawn programs of each family, interleaved so a short budget still
-    reaches every family; and the combinations the coverage corpus aims at."""
-    items = _finding_items() if findings else []
+def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = coverage.PACK_SIZE,
+           flows: tuple[str, ...] = ()) -> tuple[list[Item], set]:
+    """Recorded findings seen on the gated flows' backends first, then the
+    coverage corpus, then the other findings (a Core AI finding's program says
+    little about an XNNPACK change, and every finding together outlasts the
+    default budget), then ``per_family`` drawn programs of each family,
+    interleaved so a short budget still reaches every family; and the
+    combinations the coverage corpus aims at."""
+    relevant, others = _finding_items(flows) if findings else ([], [])
     covering, wanted = coverage_corpus(seed, pack_size=pack_size)
-    items += covering
+    items = relevant + covering + others
     by_family = {name: coverage.drawn(strategy, per_family, seed + 1)
                  for name, strategy in coverage.families().items()}
     for index in range(per_family):
@@ -408,7 +423,8 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
     pack_size = min(coverage.pack_size_for(env.runtimes.get(flow))
                     for env, flow in ((baseline, baseline_flow), (candidate, candidate_flow)))
     items, wanted = ((program_items(args.programs), set()) if args.programs
-                     else corpus(args.seed, args.per_family, pack_size=pack_size))
+                     else corpus(args.seed, args.per_family, pack_size=pack_size,
+                                 flows=(baseline_flow, candidate_flow)))
     gate = CrossGate(baseline, candidate, baseline_flow, candidate_flow, args.minutes, items)
     gate.run(started)
     compared = gate.compared()
