@@ -169,7 +169,11 @@ def undelegated_gemms(lowering, in_control_flow: bool = False, dtypes=None,
     ``dtypes``, only GEMMs producing one of those dtypes count. The kind is
     the least static of weight and bias, or with ``weight_only`` the weight's.
     """
-    found = []
+    return [(where, node.name, name, kind)
+            for where, node, name, kind in _undelegated_nodes(lowering, in_control_flow, dtypes, weight_only)]
+
+
+def _undelegated_nodes(lowering, in_control_flow: bool, dtypes, weight_only: bool):
     for method in lowering.built.methods:
         program = lowering.edge.exported_program(method)
         static = _static_inputs(program)
@@ -178,8 +182,8 @@ def undelegated_gemms(lowering, in_control_flow: bool = False, dtypes=None,
             graphs += [(f"{method}{path}", graph, inner)
                        for path, graph, inner in _body_graphs(program.graph_module, static, "")]
         for where, graph, names in graphs:
-            found += _undelegated_in(where, graph, names, dtypes, weight_only)
-    return found
+            for node, name, kind in _undelegated_in(graph, names, dtypes, weight_only):
+                yield where, node, name, kind
 
 
 def _dtype_of(node) -> str:
@@ -187,9 +191,7 @@ def _dtype_of(node) -> str:
     return str(value.dtype).removeprefix("torch.") if isinstance(value, torch.Tensor) else ""
 
 
-def _undelegated_in(method: str, graph, static: set[str], dtypes=None,
-                    weight_only: bool = False) -> list[tuple[str, str, str, str]]:
-    found = []
+def _undelegated_in(graph, static: set[str], dtypes=None, weight_only: bool = False):
     for node in graph.nodes:
         if node.op != "call_function":
             continue
@@ -212,8 +214,7 @@ def _undelegated_in(method: str, graph, static: set[str], dtypes=None,
             if bias_kind not in ("static", "quantized"):
                 kind = bias_kind
         if kind != "dynamic":
-            found.append((method, node.name, name, kind))
-    return found
+            yield node, name, kind
 
 
 def check(lowering, lowerings=None) -> Verdict:
@@ -233,21 +234,32 @@ def check(lowering, lowerings=None) -> Verdict:
             listed += "; a quantized GEMM outside a delegate means its Q/DQ pattern was not fused"
         return Verdict.failed(NAME, f"{len(missed)} GEMM(s) that {lowering.flow.name} promises to delegate "
                                     f"run on portable kernels: {listed}", missed=missed, portable=dict(ops))
-    quantized = quantized_gemms(lowering)
-    delegated = quantized - sum(1 for g in undelegated_gemms(lowering, True, weight_only=True) if g[3] == "quantized")
-    note = f"; GEMMs with a quantized weight inside a delegate: {delegated} of {quantized}" if quantized else ""
+    patterns = quantized_patterns(lowering)
+    note = ""
+    if patterns:
+        listed = ", ".join(f"{pattern} {delegated} of {total}" for pattern, (delegated, total) in sorted(patterns.items()))
+        note = f"; GEMMs with a quantized weight inside a delegate: {listed}"
     return Verdict.passed(NAME, f"{sum(ops.values())} ops outside delegates{note}", portable=dict(ops),
-                          quantized_gemms=quantized, quantized_gemms_delegated=delegated)
+                          quantized_patterns=patterns)
 
 
 # The claimed GEMMs as torch.export writes them (before edge decompositions).
 _EXPORTED_GEMMS = {"linear": 1, "conv1d": 1, "conv2d": 1, "convolution": 1, "addmm": 2, "mm": 1}
 
 
-def quantized_gemms(lowering) -> int:
-    """GEMMs whose weight is a dequantized constant in the exported (not yet
-    partitioned) program, control-flow bodies included."""
-    count = 0
+def _gemm_pattern(name: str, node, index: int) -> str:
+    """The quantized operator a GEMM's Q/DQ pattern fuses into: ``linear`` for
+    a matrix product, ``conv1d``/``conv2d`` by the convolution weight's rank."""
+    if name not in ("convolution", "conv1d", "conv2d"):
+        return "linear"
+    weight = node.args[index].meta.get("val") if isinstance(node.args[index], torch.fx.Node) else None
+    return f"conv{weight.dim() - 2}d" if isinstance(weight, torch.Tensor) else name
+
+
+def quantized_gemms(lowering) -> Counter:
+    """Per pattern, GEMMs whose weight is a dequantized constant in the exported
+    (not yet partitioned) program, control-flow bodies included."""
+    counts: Counter = Counter()
     for method, program in lowering.exported.items():
         static = _static_inputs(program)
         graphs = [(program.graph_module.graph, static)] + [
@@ -257,5 +269,16 @@ def quantized_gemms(lowering) -> int:
                 index = _EXPORTED_GEMMS.get(op_name(node)) if node.op == "call_function" else None
                 if index is not None and len(node.args) > index and \
                         _source_kind(node.args[index], names) == "quantized":
-                    count += 1
-    return count
+                    counts[_gemm_pattern(op_name(node), node, index)] += 1
+    return counts
+
+
+def quantized_patterns(lowering) -> dict[str, tuple[int, int]]:
+    """Per quantized pattern (``linear``, ``conv1d``, ``conv2d``): (inside a
+    delegate, in the program), what a campaign reports per flow."""
+    total = quantized_gemms(lowering)
+    left: Counter = Counter()
+    for _, node, name, kind in _undelegated_nodes(lowering, True, None, True):
+        if kind == "quantized":
+            left[_gemm_pattern(name, node, GEMM_WEIGHT_ARG[name])] += 1
+    return {pattern: (max(0, count - left[pattern]), count) for pattern, count in total.items()}

@@ -242,7 +242,8 @@ def _results(tmp_path) -> Path:
         {"property": "quantized", "digest": "c", "ops": ["layer"], "nodes": 1, "seconds": 2.0,
          "executorch_seconds": 1.5, "repro": None, "quantization": "dynamic_per_channel",
          "item": "test_quantized.py::test_differential_quantized[xnnpack-dynamic_per_channel]", "share": 3,
-         "flows": [{"flow": "xnnpack", "outcome": "pass", "known": None, "message": ""}]},
+         "flows": [{"flow": "xnnpack", "outcome": "pass", "known": None, "message": "",
+                    "quantized_patterns": {"linear": [2, 2], "conv2d": [0, 1]}}]},
     ]
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "w.jsonl").write_text("\n".join(json.dumps(l) for l in lines) + "\n{cut")
@@ -270,7 +271,10 @@ def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
     line = "ops per lowering: 1.3 on average over 3 flow results (mixed 1.5, quantized 1.0)"
     assert line in text and line in summary.text()
     assert "dynamic_per_channel" in summary.text()
+    assert "| `xnnpack` | conv2d | 0 | 1 |" in text and "| `xnnpack` | linear | 2 | 2 |" in text
+    assert "  xnnpack                conv2d       0 / 1" in summary.text()
     page = html_path.read_text()
+    assert "<td>conv2d</td><td>0</td><td>1</td>" in page
     assert "&lt;differs&gt;" in page and "repros/history/mixed--xnnpack--b.json" in page and "<td><code>addmm" in page
     assert page.index("Defects") < page.index("Outcomes per property and flow")
 

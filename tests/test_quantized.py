@@ -168,7 +168,24 @@ def test_a_quantized_gemm_left_on_portable_is_a_coverage_failure(static_program)
     verdict = coverage.check(lowering)
     assert not verdict.ok and "Q/DQ pattern was not fused" in verdict.message
     stock = coverage.check(pipeline.lower(static_program, flows.get("xnnpack")))
-    assert stock.ok and "GEMMs with a quantized weight inside a delegate: 2 of 2" in stock.message
+    assert stock.ok and "GEMMs with a quantized weight inside a delegate: linear 2 of 2" in stock.message
+    assert stock.details["quantized_patterns"] == {"linear": (2, 2)}
+
+
+def test_quantized_patterns_are_counted_per_operator_delegated_or_not():
+    """What the campaign reports per flow: each quantized GEMM by the operator
+    its Q/DQ pattern fuses into, and how many a flow left outside a delegate."""
+    spec = _gemm_chain()
+    spec["state"]["c0"] = {"kind": "layer", "type": "Conv1d", "seed": 3,
+                           "kwargs": {"in_channels": 8, "out_channels": 8, "kernel_size": 3}}
+    spec["methods"]["forward"]["nodes"].append({"id": "v3", "op": "unsqueeze", "args": ["v2"], "attrs": {"dim": 0}})
+    spec["methods"]["forward"]["nodes"].append({"id": "v4", "op": "layer", "args": ["v3"], "state": "c0"})
+    spec["methods"]["forward"]["outputs"] = ["v4"]
+    built = builder.build(spec)
+    stock = pipeline.lower(built, flows.get("xnnpack"))
+    assert coverage.quantized_patterns(stock) == {"linear": (2, 2), "conv1d": (1, 1)}
+    portable = pipeline.lower(built, flows.get("portable"))
+    assert coverage.quantized_patterns(portable) == {"linear": (0, 2), "conv1d": (0, 1)}
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -95,6 +95,19 @@ class Summary:
                     cells[(record["quantization"], flow["flow"])][label] += 1
         return dict(cells)
 
+    def quantized_patterns(self) -> dict[tuple[str, str], tuple[int, int]]:
+        """Per (flow, quantized pattern): GEMMs with a quantized weight inside a
+        delegate, and in the programs, over the flow results where the
+        delegation oracle ran (which Q/DQ patterns each flow fuses)."""
+        totals: dict[tuple[str, str], list[int]] = defaultdict(lambda: [0, 0])
+        for record in self.records:
+            for flow in record["flows"]:
+                for pattern, (delegated, total) in (flow.get("quantized_patterns") or {}).items():
+                    cell = totals[(flow["flow"], pattern)]
+                    cell[0] += delegated
+                    cell[1] += total
+        return {cell: (delegated, total) for cell, (delegated, total) in totals.items()}
+
     def shares(self) -> dict[tuple[str, str], tuple[float, float]]:
         """Per property x flow: (designed, got) fractions of all flow results.
         Designed: the shares of the test items that report to the cell (each
@@ -299,6 +312,11 @@ class Summary:
         for (scheme, flow), counts in sorted(quantized.items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             lines.append(f"  {scheme:24} {flow:22} {sum(counts.values()):5} flow results: {outcome_text}")
+        patterns = self.quantized_patterns()
+        if patterns:
+            lines += ["", "quantized GEMMs inside a delegate, per flow and pattern (Q/DQ fused / in the programs)"]
+        for (flow, pattern), (delegated, total) in sorted(patterns.items()):
+            lines.append(f"  {flow:22} {pattern:8} {delegated:5} / {total}")
         coverage = self.coverage_text()
         if coverage:
             lines += [""] + coverage
@@ -330,6 +348,11 @@ class Summary:
         for (scheme, flow), counts in sorted(quantized.items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             lines.append(f"| {scheme} | `{flow}` | {sum(counts.values())} | {outcome_text} |")
+        patterns = self.quantized_patterns()
+        if patterns:
+            lines += ["", "| flow | quantized pattern | inside a delegate | in the programs |", "|---|---|---|---|"]
+        for (flow, pattern), (delegated, total) in sorted(patterns.items()):
+            lines.append(f"| `{flow}` | {pattern} | {delegated} | {total} |")
         rows = self.coverage_rows()
         if rows:
             lines += ["", "| coverage | reached | drawable |", "|---|---|---|"]
@@ -358,6 +381,12 @@ class Summary:
             f"<td>{badges(c)}</td></tr>" for (scheme, flow), c in sorted(self.quantization_cells().items()))
         quantized_table = (f"<h2>Quantized programs per scheme and flow</h2><table><tr><th>scheme</th><th>flow</th>"
                            f"<th>flow results</th><th>outcomes</th></tr>{quantized}</table>" if quantized else "")
+        pattern_rows = "".join(
+            f"<tr><td><code>{esc(flow)}</code></td><td>{esc(pattern)}</td><td>{delegated}</td><td>{total}</td></tr>"
+            for (flow, pattern), (delegated, total) in sorted(self.quantized_patterns().items()))
+        if pattern_rows:
+            quantized_table += ("<h2>Quantized GEMMs inside a delegate</h2><table><tr><th>flow</th><th>pattern</th>"
+                                f"<th>inside a delegate</th><th>in the programs</th></tr>{pattern_rows}</table>")
         coverage = self.op_coverage()
         all_ops = sorted({op for c in coverage.values() for op in c})
         cov_head = "".join(f"<th>{esc(flow)}</th>" for flow in sorted(coverage))

@@ -135,7 +135,8 @@ class Artifacts:
                 "flows": [{"flow": r.flow, "outcome": r.outcome.value, "known": r.known,
                            "message": r.message[:2000],
                            # From the whole message: the stored one is cut short.
-                           "signature": signature(r.flow, r.outcome.value, r.message)}
+                           "signature": signature(r.flow, r.outcome.value, r.message),
+                           **_quantized_patterns(r)}
                           for r in result.results]}
         with open(self.results_file, "a") as handle:
             handle.write(json.dumps(line) + "\n")
@@ -166,6 +167,16 @@ class Artifacts:
         partial = path.with_suffix(f".{os.getpid()}.part")
         torch.save(entry, partial)
         partial.replace(path)
+
+
+def _quantized_patterns(result: FlowResult) -> dict:
+    """The delegation oracle's count of quantized GEMMs per pattern, as the
+    campaign report aggregates it per flow (none where it did not run)."""
+    for verdict in result.verdicts:
+        patterns = verdict.details.get("quantized_patterns")
+        if patterns:
+            return {"quantized_patterns": {pattern: list(counts) for pattern, counts in patterns.items()}}
+    return {}
 
 
 def _copy_export(exported: dict, built) -> dict:
