@@ -82,11 +82,11 @@ def _set_attrs(spec: dict, rule: dict) -> int:
             continue
         if "after" in rule and producers.get((node.get("args") or [None])[0]) not in rule["after"]:
             continue
-        attrs = node.setdefault("attrs", {})
+        attrs = node.get("attrs", {})
         if not _has(attrs, rule.get("where", {})) or not all(_nonzero(attrs.get(name)) for name in rule.get("having", ())):
             continue
         if any(attrs.get(name) != value for name, value in rule["attrs"].items()):
-            attrs.update(rule["attrs"])
+            node.setdefault("attrs", attrs).update(rule["attrs"])
             changed += 1
     return changed
 
