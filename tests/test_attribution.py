@@ -104,6 +104,7 @@ BROAD = {
     "TORCH-002": ("portable", _repro_spec("torch_antialias_width_one_repeats_first_row.json")),
     "XNN-027": ("xnnpack", _repro_spec("xnnpack_two_batch_norm2d_no_affine_share_weights.json")),
     "XNN-027b": ("xnnpack", _repro_spec("xnnpack_two_batch_norm1d_no_affine_share_weights.json")),
+    "XNN-028": ("xnnpack", _repro_spec("xnnpack_quantized_tensor_constant_pad.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 
@@ -377,9 +378,11 @@ def test_stride_written_out_is_the_default_stride():
     ("ConvTranspose1d", {"in_channels": 3, "out_channels": 2, "kernel_size": 2, "stride": 3, "padding": 1,
                          "output_padding": 2, "dilation": 2}, (1, 3, 6)),
 ])
-def test_conv_transpose_layer_padded_output_is_the_layer(layer_type, kwargs, shape):
+@pytest.mark.parametrize("by_cat", [False, True], ids=["padded", "concatenated"])
+def test_conv_transpose_layer_padded_output_is_the_layer(layer_type, kwargs, shape, by_cat):
     """XNN-013's equivalent form for a ConvTranspose layer: its full result
-    cropped and extended gives exactly what the layer gives."""
+    cropped and extended (zeros padded on, or concatenated: XNN-028's form)
+    gives exactly what the layer gives."""
     import torch
 
     from etprop.program import builder
@@ -387,11 +390,11 @@ def test_conv_transpose_layer_padded_output_is_the_layer(layer_type, kwargs, sha
     state = {"l": {"kind": "layer", "type": layer_type, "kwargs": kwargs, "seed": 4}}
     spec = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "l"}], state=state, shape=shape)
     rule = {"rewrite": "set_attrs", "ops": ["layer"], "types": ["ConvTranspose1d", "ConvTranspose2d"],
-            "attrs": {"pad_output": True}}
+            "attrs": {"pad_output": True, "pad_by_cat": by_cat}}
     padded, changed = neutralize(spec, [rule])
     assert changed == 1
     original, rewritten = builder.build(spec), builder.build(padded)
-    assert "_conv_transpose_output_padded(self.l, x)" in rewritten.source
+    assert f"_conv_transpose_output_padded(self.l, x{', by_cat=True' if by_cat else ''})" in rewritten.source
     inputs = original.inputs("forward")
     torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
                                rtol=1e-6, atol=1e-6)
@@ -446,15 +449,17 @@ def test_two_pass_norm_is_the_norm(norm, kwargs, shape):
     ("conv_transpose1d", [4, 2, 3], (2, 4, 5), {"stride": 1, "dilation": 3, "output_padding": 2}),
     ("conv_transpose2d", [4, 2, 3, 3], (1, 4, 4, 4), {"stride": 3, "padding": [2, 1], "output_padding": [2, 1]}),
 ])
-def test_output_padding_as_appended_zeros_is_the_transposed_convolution(op, weight, shape, attrs):
+@pytest.mark.parametrize("by_cat", [False, True], ids=["padded", "concatenated"])
+def test_output_padding_as_appended_zeros_is_the_transposed_convolution(op, weight, shape, attrs, by_cat):
     """XNN-013's equivalent form gives exactly the transposed convolution, bias
-    included; nodes without output_padding are left alone."""
+    included, with the zeros padded on or (XNN-028's form) concatenated;
+    nodes without output_padding are left alone."""
     import torch
 
     from etprop.program import builder
 
     rule = {"rewrite": "set_attrs", "ops": ["conv_transpose1d", "conv_transpose2d"], "having": ["output_padding"],
-            "attrs": {"pad_output": True}}
+            "attrs": {"pad_output": True, "pad_by_cat": by_cat}}
     state = {"w": _weight(weight, 1), "b": _weight([weight[1]], 2)}
     spec = _program([{"id": "v0", "op": op, "args": ["x"], "state": "w", "attrs": {**attrs, "bias_state": "b"}},
                      {"id": "v1", "op": op, "args": ["x"], "state": "w", "attrs": {"bias_state": "b"}}],
@@ -463,6 +468,7 @@ def test_output_padding_as_appended_zeros_is_the_transposed_convolution(op, weig
     assert changed == 1
     original, twin = builder.build(spec), builder.build(rewritten)
     assert twin.source.count("_output_padded(") == 1 + original.source.count("_output_padded(")
+    assert ("by_cat=True" in twin.source) == by_cat
     for kind in ("normal", "large"):
         inputs = original.inputs("forward", kind)
         for got, want in zip(twin.eager("forward", inputs), original.eager("forward", inputs)):

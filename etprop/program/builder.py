@@ -68,19 +68,29 @@ def _interpolate_widened(x, **kwargs):
     return F.interpolate(x.expand(*x.shape[:-1], 2), **kwargs)[..., :1]
 
 
-def _output_padded(full, padding, output_padding, bias):
+def _output_padded(full, padding, output_padding, bias, by_cat=False):
     """A transposed convolution from its full result (no padding, no
     output_padding, no bias): ``padding`` cropped from each end of every
     spatial dim, the end extended by ``output_padding`` (positions no input
     reaches beyond the full result are zeros), then the bias (a
-    neutralization's equivalent form)."""
+    neutralization's equivalent form). ``by_cat``: the zeros concatenated,
+    not padded on (XNNPACK cannot load a constant pad of a quantized tensor)."""
     dims = full.dim() - 2
     crops = [padding] * dims if isinstance(padding, int) else list(padding)
     extra = [output_padding] * dims if isinstance(output_padding, int) else list(output_padding)
-    tails = []
-    for crop, amount in zip(reversed(crops), reversed(extra)):
-        tails += [0, max(0, amount - crop)]
-    y = F.pad(full, tails)
+    if by_cat:
+        y = full
+        for offset, (crop, amount) in enumerate(zip(crops, extra)):
+            tail = max(0, amount - crop)
+            if tail:
+                shape = list(y.shape)
+                shape[2 + offset] = tail
+                y = torch.cat([y, y.new_zeros(shape)], 2 + offset)
+    else:
+        tails = []
+        for crop, amount in zip(reversed(crops), reversed(extra)):
+            tails += [0, max(0, amount - crop)]
+        y = F.pad(full, tails)
     for offset, (crop, amount) in enumerate(zip(crops, extra)):
         y = y.narrow(2 + offset, crop, full.shape[2 + offset] - 2 * crop + amount)
     if bias is not None:
@@ -88,7 +98,7 @@ def _output_padded(full, padding, output_padding, bias):
     return y
 
 
-def _conv_transpose_output_padded(layer, x):
+def _conv_transpose_output_padded(layer, x, by_cat=False):
     """A ConvTranspose layer with an output_padding as its full transposed
     convolution, cropped by padding and extended by output_padding, then the
     bias; other layers as they are (a neutralization's equivalent form)."""
@@ -96,7 +106,7 @@ def _conv_transpose_output_padded(layer, x):
         return layer(x)
     convolve = F.conv_transpose1d if isinstance(layer, nn.ConvTranspose1d) else F.conv_transpose2d
     full = convolve(x, layer.weight, None, layer.stride, 0, 0, layer.groups, layer.dilation)
-    return _output_padded(full, list(layer.padding), list(layer.output_padding), layer.bias)
+    return _output_padded(full, list(layer.padding), list(layer.output_padding), layer.bias, by_cat)
 
 
 def _norm_two_pass(norm, x, kinds, batch_norm_by_hand=False):

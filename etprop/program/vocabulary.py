@@ -34,9 +34,11 @@ def _layer(args, attrs, state):
     its input, so no rewrite fuses it with the op before; ``by_hand``: a
     batch norm as arithmetic on its running statistics (the same values up to
     rounding; neutralizations); ``pad_output``: a transposed convolution
-    layer's output_padding applied by padding its full result."""
+    layer's output_padding applied by padding its full result (``pad_by_cat``:
+    by concatenating zeros)."""
     if attrs.get("pad_output"):
-        return f"_conv_transpose_output_padded(self.{state}, {args[0]})"
+        by_cat = ", by_cat=True" if attrs.get("pad_by_cat") else ""
+        return f"_conv_transpose_output_padded(self.{state}, {args[0]}{by_cat})"
     kinds = [kind for kind, attr in (("GroupNorm", "two_pass"), ("LayerNorm", "layer_norm_two_pass"))
              if attrs.get(attr)]
     operand = f"{args[0]}.clone()" if attrs.get("input_copy") else args[0]
@@ -105,8 +107,9 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
             # padding and extended by output_padding with zeros, then the bias
             # (the same values; a neutralization).
             inner = {name: value for name, value in attrs.items() if name not in ("output_padding", "padding")}
+            by_cat = ", by_cat=True" if attrs.get("pad_by_cat") else ""
             return (f"_output_padded({fn}({args[0]}, {_weight_ref(state)}, None{_kw(inner, *names)}), "
-                    f"{attrs.get('padding', 0)!r}, {attrs['output_padding']!r}, {bias})")
+                    f"{attrs.get('padding', 0)!r}, {attrs['output_padding']!r}, {bias}{by_cat})")
         return f"{fn}({args[0]}, {_weight_ref(state)}, {bias}{_kw(attrs, *names)})"
     return render
 
