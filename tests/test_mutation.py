@@ -122,3 +122,26 @@ def test_the_scorer_leaves_out_only_programs_that_write_a_buffer_in_place(tmp_pa
     entries, skipped = load_corpus(tmp_path, None)
     assert [entry["spec"] for entry in entries] == [out_of_place]
     assert skipped == {"stateful (mutable buffers)": 1}
+
+
+def test_a_mutant_whose_reference_cannot_run_survives_and_the_score_goes_on(tmp_path, monkeypatch):
+    """A variant that builds and runs in float64 but whose jittered reference
+    raises (an argument reset out of the layer's range) is not killed, and
+    the mutants after it are still scored."""
+    from etprop.verdicts import mutation_score
+
+    artifacts = Artifacts(tmp_path)
+    example = run_example(_corpus_spec(), [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
+    finish(example, ["portable"], artifacts)
+    entries, _ = load_corpus(tmp_path, None)
+    judged = mutation_score.killed_by
+
+    def killed_by(program, built):
+        if "leaky_relu" in built.source:
+            raise RuntimeError("output padding must be smaller than either stride or dilation")
+        return judged(program, built)
+
+    monkeypatch.setattr(mutation_score, "killed_by", killed_by)
+    rows = {row["mutant"].name: row["status"] for row in score(
+        entries, [Mutant("relu", "relative", "leaky_relu"), Mutant("sub", "swap_operands")], None)}
+    assert rows == {"relu relative leaky_relu": "survived", "sub swap_operands": "killed"}

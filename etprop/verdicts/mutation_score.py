@@ -150,7 +150,10 @@ def score(entries: list[dict], catalogue: list, limit: int | None, progress=None
                 if not visible:
                     continue
                 row["status"] = "survived"
-                flows = killed_by(program, built)
+                try:
+                    flows = killed_by(program, built)
+                except Exception:  # its jittered reference does not run (an argument reset out of range): not killed here
+                    continue
                 if flows:
                     row.update(status="killed", flows=flows, examples=entry["index"], seconds=entry["offset"])
                     break
