@@ -105,6 +105,7 @@ BROAD = {
     "XNN-027": ("xnnpack", _repro_spec("xnnpack_two_batch_norm2d_no_affine_share_weights.json")),
     "XNN-027b": ("xnnpack", _repro_spec("xnnpack_two_batch_norm1d_no_affine_share_weights.json")),
     "XNN-028": ("xnnpack", _repro_spec("xnnpack_quantized_tensor_constant_pad.json")),
+    "XNN-020": ("xnnpack", _repro_spec("xnnpack_quantized_zero_dim_mean.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 
@@ -241,6 +242,31 @@ def test_inlined_control_flow_computes_the_same_values():
         inputs = original.inputs(method)
         for want, got in zip(original.eager(method, inputs), rewritten.eager(method, inputs)):
             torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("inline", [False, True], ids=["cond", "inlined"])
+def test_a_predicate_kept_at_its_operands_rank_takes_the_same_branch(inline):
+    """XNN-020's neutralization: the mean a cond predicate compares is kept as
+    a one-element tensor (never 0-dim); the program computes the same values,
+    as torch.cond and in the inlined form."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _repro_spec("xnnpack_quantized_zero_dim_mean.json")
+    spec.pop("quantization")
+    spec["format"] = "etprop-spec/1"
+    if inline:
+        spec = neutralize(spec, [{"rewrite": "inline_control_flow", "ops": ["cond"]}])[0]
+    rule = next(f for f in known_findings.load() if f.id == "XNN-020").neutralize
+    kept, changed = neutralize(spec, list(rule))
+    assert changed == 1
+    original, rewritten = builder.build(spec), builder.build(kept)
+    assert "keepdim=True) > " in rewritten.source and "keepdim=True) > " not in original.source
+    for kind in ("normal", "large"):
+        inputs = original.inputs("forward", kind)
+        for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_a_bias_of_its_own_computes_the_same_values():

@@ -620,11 +620,16 @@ def _control_flow_lines(node: dict, indent: str, jitter: bool = False) -> list[s
         for index, body in enumerate(bodies):
             lines += _function_lines(f"_{nid}_branch{index}", body["params"], body, indent, jitter=jitter)
         threshold = attrs.get("threshold", 0.0)
-        pred = f"{args[0]}, {threshold!r}" if jitter else f"{args[0]}.mean() > {threshold!r}"
+        # ``predicate_keepdim``: the mean kept as a one-element tensor of the
+        # operand's rank, never a 0-dim one (a neutralization).
+        mean = (f"{args[0]}.mean(tuple(range({args[0]}.dim())), keepdim=True)" if attrs.get("predicate_keepdim")
+                else f"{args[0]}.mean()")
+        pred = f"{args[0]}, {threshold!r}" if jitter else f"{mean} > {threshold!r}"
         operands = ", ".join(args[1:]) + ","
         if jitter:
             lines.append(f"{indent}{nid} = _eager_cond({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
         elif inline:
+            pred = f"({pred}).reshape(())" if attrs.get("predicate_keepdim") else pred
             lines.append(f"{indent}{nid} = torch.where({pred}, _{nid}_branch0({operands})[0], "
                          f"_{nid}_branch1({operands})[0])")
         else:
