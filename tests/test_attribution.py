@@ -106,6 +106,7 @@ BROAD = {
     "XNN-027b": ("xnnpack", _repro_spec("xnnpack_two_batch_norm1d_no_affine_share_weights.json")),
     "XNN-028": ("xnnpack", _repro_spec("xnnpack_quantized_tensor_constant_pad.json")),
     "XNN-020": ("xnnpack", _repro_spec("xnnpack_quantized_zero_dim_mean.json")),
+    "XNN-026": ("xnnpack", _repro_spec("xnnpack_float_conv_transpose_reads_dequantized.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 
@@ -263,6 +264,26 @@ def test_a_predicate_kept_at_its_operands_rank_takes_the_same_branch(inline):
     assert changed == 1
     original, rewritten = builder.build(spec), builder.build(kept)
     assert "keepdim=True) > " in rewritten.source and "keepdim=True) > " not in original.source
+    for kind in ("normal", "large"):
+        inputs = original.inputs("forward", kind)
+        for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_layer_reading_its_input_through_float64_computes_the_same_values():
+    """XNN-026's neutralization: the cast to float64 and back is exact."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _repro_spec("xnnpack_float_conv_transpose_reads_dequantized.json")
+    spec.pop("quantization")
+    spec["format"] = "etprop-spec/1"
+    rule = next(f for f in known_findings.load() if f.id == "XNN-026").neutralize
+    cast, changed = neutralize(spec, list(rule))
+    assert changed == 1
+    original, rewritten = builder.build(spec), builder.build(cast)
+    assert ".double().to(" in rewritten.source and ".double().to(" not in original.source
     for kind in ("normal", "large"):
         inputs = original.inputs("forward", kind)
         for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):

@@ -31,9 +31,11 @@ def _call(fn: str, *kwnames: str, nargs: int | None = None) -> Render:
 def _layer(args, attrs, state):
     """``two_pass`` (GroupNorm) and ``layer_norm_two_pass`` (LayerNorm): the
     variance taken about the mean; ``input_copy``: the layer reads a copy of
-    its input, so no rewrite fuses it with the op before; ``by_hand``: a
-    batch norm as arithmetic on its running statistics (the same values up to
-    rounding; neutralizations); ``pad_output``: a transposed convolution
+    its input, so no rewrite fuses it with the op before;
+    ``input_via_float64``: it reads its input cast to float64 and back (the
+    same values, through a cast no delegate takes); ``by_hand``: a batch norm
+    as arithmetic on its running statistics (the same values up to rounding;
+    neutralizations); ``pad_output``: a transposed convolution
     layer's output_padding applied by padding its full result (``pad_by_cat``:
     by concatenating zeros)."""
     if attrs.get("pad_output"):
@@ -42,6 +44,8 @@ def _layer(args, attrs, state):
     kinds = [kind for kind, attr in (("GroupNorm", "two_pass"), ("LayerNorm", "layer_norm_two_pass"))
              if attrs.get(attr)]
     operand = f"{args[0]}.clone()" if attrs.get("input_copy") else args[0]
+    if attrs.get("input_via_float64"):
+        operand = f"{operand}.double().to({operand}.dtype)"
     if kinds and attrs.get("by_hand"):
         # Neutralizations compose: each rewrites only the layer type it names.
         return f"_norm_two_pass(self.{state}, {operand}, {tuple(kinds)!r}, batch_norm_by_hand=True)"
