@@ -201,7 +201,8 @@ def test_a_quantized_gemm_with_a_computed_float_bias_is_not_promised():
     assert [g[2:] for g in coverage.undelegated_gemms(lowering)] == [("convolution", "computed")]
     verdict = coverage.check(lowering)
     assert verdict.ok, verdict.message
-    assert "quantized weight inside a delegate: 0 of 1" in verdict.message
+    assert "quantized weight inside a delegate: conv2d 0 of 1" in verdict.message
+    assert verdict.details["quantized_patterns"] == {"conv2d": (0, 1)}
 
 
 def test_coverage_classifies_an_unrolled_loop_once_per_node(monkeypatch):
