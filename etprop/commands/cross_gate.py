@@ -114,8 +114,8 @@ def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = c
            flows: tuple[str, ...] = ()) -> tuple[list[Item], set]:
     """Recorded findings seen on the gated flows' backends first, then the
     coverage corpus, then the other findings (a Core AI finding's program says
-    little about an XNNPACK change, and every finding together outlasts the
-    default budget), then ``per_family`` drawn programs of each family,
+    little about an XNNPACK change, and running it first would delay the
+    coverage corpus), then ``per_family`` drawn programs of each family,
     interleaved so a short budget still reaches every family; and the
     combinations the coverage corpus aims at."""
     relevant, others = _finding_items(flows) if findings else ([], [])
