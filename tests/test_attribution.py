@@ -64,6 +64,32 @@ def _repro_spec(name: str) -> dict:
     return json.loads((known_findings.FINDINGS_DIR / "repros" / name).read_text())["spec"]
 
 
+def _float_repro_spec(name: str) -> dict:
+    """A quantized repro's program without its quantization."""
+    spec = _repro_spec(name)
+    spec.pop("quantization")
+    return {**spec, "format": FORMAT}
+
+
+def _equivalent_form(spec: dict, finding_id: str, marker: str):
+    """``spec`` and its neutralization by ``finding_id`` (one place changed,
+    ``marker`` in the rewritten source only), built; each computes on normal
+    and large inputs exactly what the other does."""
+    import torch
+
+    from etprop.program import builder
+
+    rule = next(f for f in known_findings.load() if f.id == finding_id).neutralize
+    rewritten_spec, changed = neutralize(spec, list(rule))
+    assert changed == 1
+    original, rewritten = builder.build(spec), builder.build(rewritten_spec)
+    assert marker in rewritten.source and marker not in original.source
+    for kind in ("normal", "large"):
+        inputs = original.inputs("forward", kind)
+        for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def _with_relu_output(spec: dict) -> dict:
     body = spec["methods"]["forward"]
     body["nodes"].append({"id": "extra", "op": "relu", "args": [body["inputs"][0]["name"]]})
@@ -250,44 +276,16 @@ def test_a_predicate_kept_at_its_operands_rank_takes_the_same_branch(inline):
     """XNN-020's neutralization: the mean a cond predicate compares is kept as
     a one-element tensor (never 0-dim); the program computes the same values,
     as torch.cond and in the inlined form."""
-    import torch
-
-    from etprop.program import builder
-
-    spec = _repro_spec("xnnpack_quantized_zero_dim_mean.json")
-    spec.pop("quantization")
-    spec["format"] = "etprop-spec/1"
+    spec = _float_repro_spec("xnnpack_quantized_zero_dim_mean.json")
     if inline:
         spec = neutralize(spec, [{"rewrite": "inline_control_flow", "ops": ["cond"]}])[0]
-    rule = next(f for f in known_findings.load() if f.id == "XNN-020").neutralize
-    kept, changed = neutralize(spec, list(rule))
-    assert changed == 1
-    original, rewritten = builder.build(spec), builder.build(kept)
-    assert "keepdim=True) > " in rewritten.source and "keepdim=True) > " not in original.source
-    for kind in ("normal", "large"):
-        inputs = original.inputs("forward", kind)
-        for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    _equivalent_form(spec, "XNN-020", "keepdim=True) > ")
 
 
 def test_a_layer_reading_its_input_through_float64_computes_the_same_values():
     """XNN-026's neutralization: the cast to float64 and back is exact."""
-    import torch
-
-    from etprop.program import builder
-
-    spec = _repro_spec("xnnpack_float_conv_transpose_reads_dequantized.json")
-    spec.pop("quantization")
-    spec["format"] = "etprop-spec/1"
-    rule = next(f for f in known_findings.load() if f.id == "XNN-026").neutralize
-    cast, changed = neutralize(spec, list(rule))
-    assert changed == 1
-    original, rewritten = builder.build(spec), builder.build(cast)
-    assert ".double().to(" in rewritten.source and ".double().to(" not in original.source
-    for kind in ("normal", "large"):
-        inputs = original.inputs("forward", kind)
-        for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
-            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    _equivalent_form(_float_repro_spec("xnnpack_float_conv_transpose_reads_dequantized.json"), "XNN-026",
+                     ".double().to(")
 
 
 def test_a_bias_of_its_own_computes_the_same_values():

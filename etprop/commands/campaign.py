@@ -14,8 +14,8 @@ ARTIFACTS/results/*.jsonl; the summary and reports are built from them.
 from __future__ import annotations
 
 import hashlib
-import json
 import importlib.util
+import json
 import os
 import signal
 import subprocess
@@ -208,10 +208,11 @@ class Campaign:
                    not args.no_shrink)
 
     def _env(self, deadline_file: Path) -> dict:
+        from etprop.verdicts.repro import atomic_write
+
+        # What each item got so far: the round's order (pytest_plugin.pytest_collection_modifyitems).
         served = self.artifacts / "served.json"
-        written = served.with_suffix(".new")
-        written.write_text(json.dumps(Summary.load(self.artifacts).served_per_item()))
-        written.replace(served)
+        atomic_write(served, json.dumps(Summary.load(self.artifacts).served_per_item()))
         env = dict(os.environ)
         env.update(ETPROP_FLOWS=",".join(self.flows), ETPROP_ARTIFACTS=str(self.artifacts.resolve()),
                    ETPROP_PROFILE="fuzz-noshrink", ETPROP_RECORD_ONLY="1",
