@@ -8,7 +8,12 @@ from hypothesis import given
 
 from etprop.oracles.sets import DIFFERENTIAL, DIFFERENTIAL_MULTI_METHOD
 from etprop.strategies.control_flow import control_flow_programs
+from etprop.strategies.model_windows import real_model_windows
+from etprop.strategies.model_zoo import INSTALL_HINT, installed
 from etprop.strategies.programs import computed_weight_programs, multi_method_programs, programs
+
+# Windows of real architectures' graphs (etprop.strategies.model_windows).
+needs_model_library = pytest.mark.skipif(not installed(), reason=f"no model library installed: {INSTALL_HINT}")
 
 
 @pytest.mark.etprop_family("mixed")
@@ -33,3 +38,10 @@ def test_differential_control_flow(flow_pair, spec, etprop):
 @given(spec=multi_method_programs())
 def test_differential_multi_method(flow_pair, spec, etprop):
     etprop.check(spec, list(flow_pair), "differential_multi_method", DIFFERENTIAL_MULTI_METHOD)
+
+
+@pytest.mark.etprop_family("real_models")
+@needs_model_library
+@given(spec=real_model_windows())
+def test_differential_real_models(flow_pair, spec, etprop):
+    etprop.check(spec, list(flow_pair), "differential", DIFFERENTIAL)

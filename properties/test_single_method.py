@@ -6,7 +6,12 @@ from hypothesis import given
 
 from etprop.oracles.sets import MULTI_METHOD, SINGLE_FLOW
 from etprop.strategies.control_flow import control_flow_programs
+from etprop.strategies.model_windows import real_model_windows
+from etprop.strategies.model_zoo import INSTALL_HINT, installed
 from etprop.strategies.programs import computed_weight_programs, multi_method_programs, programs
+
+# Windows of real architectures' graphs (etprop.strategies.model_windows).
+needs_model_library = pytest.mark.skipif(not installed(), reason=f"no model library installed: {INSTALL_HINT}")
 
 
 @pytest.mark.etprop_family("mixed")
@@ -31,3 +36,10 @@ def test_control_flow_programs(flow, spec, etprop):
 @given(spec=multi_method_programs())
 def test_multi_method_programs(flow, spec, etprop):
     etprop.check(spec, [flow], "multi_method", MULTI_METHOD)
+
+
+@pytest.mark.etprop_family("real_models")
+@needs_model_library
+@given(spec=real_model_windows())
+def test_real_model_windows(flow, spec, etprop):
+    etprop.check(spec, [flow], "real_models", SINGLE_FLOW)

@@ -63,9 +63,10 @@ def _weight_ref(state: str, attr: str = "weight") -> str:
 
 
 def _gemm_functional(fn: str, *kwnames: str) -> Render:
-    """A functional GEMM whose last operand is the weight held in ``state``."""
+    """A functional GEMM whose last operand is the weight held in ``state``;
+    without ``state``, a product of two values (attention's scores)."""
     def render(args, attrs, state):
-        operands = list(args) + [_weight_ref(state)]
+        operands = list(args) + ([_weight_ref(state)] if state else [])
         if attrs.get("bias_state"):
             operands.insert(0, _weight_ref(attrs["bias_state"]))
         return f"{fn}({', '.join(operands)}{_kw(attrs, *kwnames)})"
