@@ -9,10 +9,12 @@ For a fixed, deterministic sample of drawn programs, per flow:
 - isolation overhead: the same examples through the warm worker process vs
   in-process.
 
-Float programs and the same kind of programs PT2E-quantized (quantization
-counts as torch time: export, prepare, calibrate, convert) are measured apart.
+Float programs, the same kind of programs PT2E-quantized (quantization
+counts as torch time: export, prepare, calibrate, convert) and windows of real
+architectures (``real_models``, 3 to 30 nodes as the family draws them, not
+``--min-nodes``/``--max-nodes``) are measured apart.
 
-    .venv/bin/python benchmarks/throughput.py [--examples 6] [--flows portable,xnnpack] [--families float,quantized]
+    .venv/bin/python benchmarks/throughput.py [--examples 6] [--flows portable,xnnpack] [--families float,quantized,real_models]
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def sample_specs(count: int, min_nodes: int, max_nodes: int, family: str = "floa
     strategy = programs(min_nodes=min_nodes, max_nodes=max_nodes)
     if family == "quantized":
         strategy = quantized(programs(min_nodes=min_nodes, max_nodes=max_nodes, gemm_heavy=True, dtype="float32"))
+    elif family == "real_models":
+        from etprop.strategies.model_windows import real_model_windows
+        strategy = real_model_windows()
 
     @settings(max_examples=count, derandomize=True, database=None, deadline=None,
               suppress_health_check=list(HealthCheck))

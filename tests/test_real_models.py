@@ -166,3 +166,30 @@ def test_drawn_windows_are_valid_connected_programs_of_3_to_30_nodes(spec):
     outputs = built.module(*built.inputs("forward"))
     for output in outputs if isinstance(outputs, tuple) else (outputs,):
         assert torch.isfinite(output.float()).all()
+
+
+def test_a_missing_model_library_is_one_line_naming_the_fix(monkeypatch):
+    monkeypatch.setattr(model_zoo, "_has", lambda library: False)
+    model_zoo.exported.cache_clear()
+    with pytest.raises(ImportError, match=r"^the real-model recipe 'bert' needs transformers: pip install 'etprop\[models\]'"):
+        model_zoo.exported("bert")
+
+
+def test_the_coverage_benchmark_prints_each_model_and_kind(capsys):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).parent.parent / "benchmarks" / "real_model_coverage.py"
+    spec = importlib.util.spec_from_file_location("real_model_coverage", path)
+    benchmark = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(benchmark)
+    monkeypatch_graph = model_windows.translate("mixed", torch.export.export(
+        _Mixed().eval(), (torch.tensor([[1, 2]]), torch.randn(1, 2, 4))))
+    model_windows._GRAPHS["bert"] = monkeypatch_graph
+    try:
+        assert benchmark.main(["bert"]) == 0
+    finally:
+        del model_windows._GRAPHS["bert"]
+    printed = capsys.readouterr().out
+    assert "| bert | text | 6 | 33.3% | 2 | 1 | erf 1 |" in printed
+    assert "| text | 6 | 33.3% | 40.0% | 16.7% |" in printed
