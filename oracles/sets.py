@@ -23,6 +23,7 @@ ORACLES_BY_PROPERTY = {
     "control_flow": SINGLE_FLOW,
     "multi_method": MULTI_METHOD,
     "quantized": SINGLE_FLOW,
+    "real_models": SINGLE_FLOW,
     "differential_quantized": DIFFERENTIAL,
     "differential_multi_method": DIFFERENTIAL_MULTI_METHOD,
     "equivalence": EQUIVALENCE,

@@ -281,3 +281,17 @@ def test_findings_of_the_gated_backends_come_before_the_coverage_corpus_the_othe
     assert "COREAI-006" in ids(others)
     everything, none = _finding_items()
     assert len(everything) == len(relevant) + len(others) and not none
+
+
+def test_the_drawn_programs_include_windows_of_real_models(monkeypatch):
+    from etprop.commands import cross_gate
+    from etprop.oracles.sets import ORACLES_BY_PROPERTY
+    from etprop.strategies import model_zoo
+
+    if not model_zoo.installed():
+        pytest.skip(model_zoo.INSTALL_HINT)
+    monkeypatch.setattr(cross_gate, "coverage_corpus", lambda seed, pack_size: ([], set()))
+    monkeypatch.setattr(cross_gate.coverage, "families", lambda: {})
+    items, _ = cross_gate.corpus(0, 2, findings=False)
+    assert [item.source for item in items] == ["drawn real_models #0", "drawn real_models #1"]
+    assert {item.prop for item in items} == {"real_models"} and "real_models" in ORACLES_BY_PROPERTY

@@ -34,6 +34,8 @@ from etprop.errors import UsageError
 from etprop.oracles import differential
 from etprop.program import spec as specmod
 from etprop.strategies import coverage_corpus as coverage
+from etprop.strategies import model_zoo
+from etprop.strategies.model_windows import real_model_windows
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.signature import signature
 
@@ -123,6 +125,8 @@ def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = c
     items = relevant + covering + others
     by_family = {name: coverage.drawn(strategy, per_family, seed + 1)
                  for name, strategy in coverage.families().items()}
+    if model_zoo.installed():  # drawn here; the environments only build the specs
+        by_family["real_models"] = coverage.drawn(real_model_windows(), per_family, seed + 1)
     for index in range(per_family):
         for name, specs in by_family.items():
             if index < len(specs):
