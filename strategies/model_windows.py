@@ -763,10 +763,6 @@ def _window_spec(graph: ModelGraph, chosen: list[str], dtype: str) -> dict:
     return spec
 
 
-def coverage(graph: ModelGraph) -> Counter:
-    return Counter(graph.classes)
-
-
 @st.composite
 def real_model_windows(draw, min_nodes: int = 3, max_nodes: int = 30, models: tuple[str, ...] | None = None):
     """A window of a real model's graph (see the module docstring)."""
