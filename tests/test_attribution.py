@@ -749,3 +749,52 @@ def test_an_antialiased_resize_widened_gives_the_values_of_a_wider_input(shape, 
         assert not torch.equal(got, plain), "ATen's width-1 result no longer differs: TORCH-002 may be fixed"
     else:
         assert torch.equal(got, plain)
+
+
+def _effective_weights(spec: dict) -> dict:
+    """Every weight-kind state entry's value as the built module computes it."""
+    from etprop.program import builder
+
+    module = builder.build(spec).module
+    return {name: getattr(module, name).weight.detach().clone() for name, entry in spec["state"].items()
+            if entry["kind"] == "weight"}
+
+
+def test_repeated_scales_merge_into_one_with_the_same_weight_bit_for_bit():
+    """COREAI-004's neutralization on the campaign's 20-node memory-limit crash:
+    only the weight scaled 2.0, 0.5, 2.0 changes, to one scale 2.0, and every
+    weight keeps its value exactly."""
+    import torch
+    from pathlib import Path
+
+    spec = json.loads((Path(__file__).parent / "fixtures" / "coreai_repeated_scale_memory_crash.json").read_text())["spec"]
+    (finding,) = [f for f in known_findings.load() if f.id == "COREAI-004b"]
+    after, changed = neutralize(spec, list(finding.neutralize))
+    assert changed == 1
+    assert _state_changes(spec["state"], after["state"]) == {"w6"}
+    assert after["state"]["w6"]["parametrizations"] == [{"factor": 2.0, "type": "scale"}]
+    before_values, after_values = _effective_weights(spec), _effective_weights(after)
+    assert all(torch.equal(before_values[name], after_values[name]) for name in before_values)
+
+
+@pytest.mark.parametrize("steps, merged", [
+    ([("scale", -1.0), ("buffer_scale", 7), ("scale", -1.0)], [("buffer_scale", 7)]),
+    ([("scale", 2.0), ("scale", 2.0), ("add_delta", 3), ("scale", 0.5)], [("scale", 4.0), ("add_delta", 3),
+                                                                        ("scale", 0.5)]),
+    ([("scale", 2.0), ("add_delta", 3), ("scale", 2.0)], None),
+    ([("scale", 2.0), ("scale", 0.5)], None),
+], ids=["across a buffer scale, product 1", "a run before an added delta", "apart by an added delta",
+        "distinct factors"])
+def test_only_scales_repeating_a_factor_between_multiplications_are_merged(steps, merged):
+    import torch
+
+    def parametrizations(pairs):
+        return [{"type": kind, "factor": value} if kind == "scale" else {"type": kind, "seed": value}
+                for kind, value in pairs]
+
+    spec = _program([{"id": "v0", "op": "linear", "args": ["x"], "state": "w"}],
+                    {"w": _weight((4, 8), 1, parametrizations(steps))})
+    after, changed = neutralize(spec, [{"rewrite": "merge_repeated_scales"}])
+    assert changed == (merged is not None)
+    assert after["state"]["w"]["parametrizations"] == parametrizations(merged if merged is not None else steps)
+    assert torch.equal(_effective_weights(spec)["w"], _effective_weights(after)["w"])

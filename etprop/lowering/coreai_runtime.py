@@ -9,7 +9,7 @@ each ``executorch_call_delegate`` to the Core AI runtime.
 Isolation: a crash inside the Core AI runtime (native code) takes down the
 process that calls it, and a hang cannot be interrupted from Python (coreai-core
 1.0.0b2 never finishes loading some bundles while its memory grows; see
-findings/coreai-load-hang-double-negation.md). The pipeline's worker process,
+findings/coreai-load-hang-repeated-scalar.md). The pipeline's worker process,
 with a time and memory limit, is what isolates callers; nothing here guards
 against either.
 """

@@ -38,6 +38,11 @@ Rewrites (``{"rewrite": NAME, ...}``):
   bodies read and that something outside that node reads too is read inside
   the node from a copy of its own (same kind, seed and shape: the same values,
   no longer one tensor shared across the control-flow operand and the rest).
+- ``merge_repeated_scales``: where the ``scale`` parametrizations of one tensor
+  repeat a factor with nothing between them but other scales and
+  ``buffer_scale`` (both multiply, so they commute), those scales become one
+  scale by their product, dropped when the product is 1 (the same values:
+  drawn factors are ±powers of two, so the products are exact).
 - ``quantize_folded_weights``: a quantized program's computed weights are
   stored as their values before quantizing (``fold_computed_weights``): the
   same float program, whose weights PT2E no longer quantizes op by op.
@@ -239,7 +244,50 @@ def _state_apart_from_control_flow(spec: dict, rule: dict) -> int:
     return changed
 
 
+def _merge_repeated_scales(spec: dict, rule: dict) -> int:
+    changed = 0
+    for entry in spec["state"].values():
+        steps = entry.get("parametrizations", [])
+        segments: list[list[int]] = []      # indices of the scales of one tensor between non-commuting steps
+        open_segment: dict[str, list[int]] = {}
+        for index, step in enumerate(steps):
+            target = step.get("on", "weight")
+            if step["type"] == "scale":
+                if target not in open_segment:
+                    open_segment[target] = []
+                    segments.append(open_segment[target])
+                open_segment[target].append(index)
+            elif step["type"] != "buffer_scale":
+                open_segment.pop(target, None)
+        merged_away: set[int] = set()
+        products: dict[int, float] = {}
+        for segment in segments:
+            factors = [steps[index]["factor"] for index in segment]
+            if len(set(factors)) == len(factors):
+                continue
+            product = 1.0
+            for factor in factors:
+                product *= factor
+            products[segment[0]] = product
+            merged_away.update(segment[1:])
+        if not products:
+            continue
+        kept = []
+        for index, step in enumerate(steps):
+            if index in merged_away:
+                continue
+            if index in products:
+                if products[index] == 1.0:
+                    continue
+                step = {**step, "factor": products[index]}
+            kept.append(step)
+        entry["parametrizations"] = kept
+        changed += 1
+    return changed
+
+
 REWRITES: dict[str, Callable[[dict, dict], int]] = {
+    "merge_repeated_scales": _merge_repeated_scales,
     "bias_of_its_own": _bias_of_its_own,
     "bias_per_use": _bias_per_use,
     "quantize_folded_weights": _quantize_folded_weights,

@@ -1,11 +1,13 @@
-"""Repro: Core AI on Linux never finishes loading a bundle whose constant is negated twice.
+"""Repro: Core AI on Linux never finishes loading a bundle whose constant is
+multiplied twice by the same scalar.
 
 Needs only torch 2.13, executorch 1.5.1, coreai-torch 0.4.2 and coreai-core
-1.0.0b2. Lowers ``x + ((p * -1.0) * -1.0).sum()`` (``p`` a parameter) with the
+1.0.0b2. Lowers ``x + (p * f1 * f2 ...).sum()`` (``p`` a parameter) with the
 stock Core AI recipe, writes the delegate's bundle out of the named data, and
 loads it with ``AIModelAsset.executable()`` in a child process limited to
-4 GB of address space and LOAD_SECONDS. The control, ``x + (p * -1.0).sum()``,
-loads in well under a second. Exits 1 if the double negation does not load.
+4 GB of address space and LOAD_SECONDS. The controls (one factor; distinct
+factors) load in well under a second. Exits 1 if a chain repeating a factor
+does not load.
 
 Observed: the load does not return (no error); left alone, memory grows
 steadily (13 GB after about five minutes in one run).
@@ -41,17 +43,21 @@ asyncio.run(main())
 """
 
 
-class Negated(torch.nn.Module):
-    def __init__(self, twice: bool):
+class Scaled(torch.nn.Module):
+    def __init__(self, factors: tuple):
         super().__init__()
         self.p = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 3))
-        self.twice = twice
+        self.factors = factors
 
     def forward(self, x):
-        value = self.p * -1.0
-        if self.twice:
-            value = value * -1.0
+        value = self.p
+        for factor in self.factors:
+            value = value * factor
         return x + value.sum()
+
+
+CONTROLS = ((-1.0,), (2.0, 3.0))
+REPEATED = ((-1.0, -1.0), (2.0, 0.5, 2.0))
 
 
 def bundle(module: torch.nn.Module, out: Path) -> Path:
@@ -89,14 +95,16 @@ def load(path: Path) -> str:
 
 def main() -> int:
     out = Path(tempfile.mkdtemp())
-    results = {}
-    for twice in (False, True):
-        path = bundle(Negated(twice), out / ("twice" if twice else "once"))
-        results[twice] = load(path)
-        print(f"(p * -1.0){' * -1.0' if twice else ''}: {results[twice]}   [{path}]")
-    if results[True].startswith("loaded"):
+    stuck = []
+    for factors in CONTROLS + REPEATED:
+        name = "x".join(map(str, factors))
+        result = load(bundle(Scaled(factors), out / name))
+        print(f"p * {' * '.join(map(str, factors))}: {result}")
+        if factors in REPEATED and not result.startswith("loaded"):
+            stuck.append(factors)
+    if not stuck:
         return 0
-    print("DEFECT: the Core AI runtime does not finish loading the double negation")
+    print(f"DEFECT: the Core AI runtime does not finish loading a constant scaled twice by one factor: {stuck}")
     return 1
 
 
