@@ -547,9 +547,12 @@ def _sdpa(t, piece, node, a):
 
 
 def _pow(t, piece, node, a):
-    if a["exponent"] != 2:
+    """Whole exponents 2 and 3 (GPT-2's GELU cubes) as products."""
+    if a["exponent"] not in (2, 3) or not isinstance(a["self"], torch.fx.Node):
         return False
-    piece.add("square", [t.value(a["self"])])
+    squared = piece.add("square", [t.value(a["self"])])
+    if a["exponent"] == 3:
+        piece.add("mul", [squared, t.value(a["self"])])
 
 
 def _identity(t, piece, node, a):
