@@ -182,7 +182,7 @@ class _Translator:
         return ModelGraph("", self.pieces, self.values, users, outputs, self.classes, self.sources)
 
     def visit(self, node: torch.fx.Node) -> None:
-        operands = [arg for arg in node.all_input_nodes]
+        operands = node.all_input_nodes
         counted = isinstance(node.target, torch._ops.OpOverload) and node.target not in _IGNORED
         if not counted and node.target.__name__ != "getitem":
             return
@@ -575,26 +575,8 @@ def _clamp(t, piece, node, a):
     piece.add("clamp", [t.value(a["self"])], attrs)
 
 
-def _hardtanh(t, piece, node, a):
-    piece.add("hardtanh", [t.value(a["self"])], {"min_val": a["min_val"], "max_val": a["max_val"]})
-
-
 def _relu6(t, piece, node, a):
     piece.add("hardtanh", [t.value(a["self"])], {"min_val": 0.0, "max_val": 6.0})
-
-
-def _leaky_relu(t, piece, node, a):
-    piece.add("leaky_relu", [t.value(a["self"])], {"negative_slope": a["negative_slope"]})
-
-
-def _pixel_shuffle(op: str, attr: str, schema_name: str):
-    def rule(t, piece, node, a):
-        piece.add(op, [t.value(a["self"])], {attr: a[schema_name]})
-    return rule
-
-
-def _overloads(packet, *names):
-    return [getattr(packet, name) for name in names if hasattr(packet, name)]
 
 
 _RULES: dict = {}
@@ -612,10 +594,10 @@ for _packets, _rule in [
     ((aten.round,), _unary("round")),
     ((aten.gelu, aten.gelu_), _gelu),
     ((aten.elu, aten.elu_), _elu),
-    ((aten.hardtanh, aten.hardtanh_), _hardtanh),
+    ((aten.hardtanh, aten.hardtanh_), _unary("hardtanh", min_val="min_val", max_val="max_val")),
     ((aten.relu6,), _relu6),
     ((aten.square,), _unary("square")),
-    ((aten.leaky_relu, aten.leaky_relu_), _leaky_relu),
+    ((aten.leaky_relu, aten.leaky_relu_), _unary("leaky_relu", negative_slope="negative_slope")),
     ((aten.softplus,), _unary("softplus", beta="beta", threshold="threshold")),
     ((aten.clamp, aten.clamp_), _clamp),
     ((aten.add, aten.add_), _binary("add", True)),
@@ -669,8 +651,8 @@ for _packets, _rule in [
     ((aten.adaptive_avg_pool2d,), _adaptive_avg_pool2d),
     ((aten.upsample_nearest2d,), _upsample("nearest")),
     ((aten.upsample_bilinear2d,), _upsample("bilinear")),
-    ((aten.pixel_shuffle,), _pixel_shuffle("pixel_shuffle", "upscale_factor", "upscale_factor")),
-    ((aten.pixel_unshuffle,), _pixel_shuffle("pixel_unshuffle", "downscale_factor", "downscale_factor")),
+    ((aten.pixel_shuffle,), _unary("pixel_shuffle", upscale_factor="upscale_factor")),
+    ((aten.pixel_unshuffle,), _unary("pixel_unshuffle", downscale_factor="downscale_factor")),
     ((aten.scaled_dot_product_attention,), _sdpa),
     ((aten.pow,), _pow),
     ((aten.dropout, aten.dropout_), _dropout),
@@ -708,9 +690,8 @@ def window(graph: ModelGraph, start: int, size: int, seed: int, dtype: str = "fl
     producers = {name: [read[0] for read in piece.reads if read[0] in graph.pieces]
                  for name, piece in graph.pieces.items()}
     consumers: dict[str, list[str]] = {}
-    for name, piece in graph.pieces.items():
-        for read in piece.reads:
-            consumers.setdefault(read[0], []).append(name)
+    for (producer, _), readers in graph.users.items():
+        consumers.setdefault(producer, []).extend(readers)
     rng = random.Random(seed)
     chosen = {names[start % len(names)]}
     frontier = [names[start % len(names)]]
