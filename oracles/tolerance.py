@@ -38,8 +38,10 @@ branches included.
   non-finite but float64 finite (overflow, inf-inf), or a jittered run leaves
   the finite range, the element is at the edge: masked (a finite lowered value
   must still be within a factor EDGE_RATIO of float64, or one ulp of the
-  output's scale in its dtype) and counted; where
-  float64 is non-finite too, NaN positions and infinity signs must agree.
+  output's scale in its dtype) and counted; where float64 is non-finite too,
+  NaN positions and infinity signs must agree, unless a jittered (or, when
+  quantized, flipped) run gives that element another value: then it is at
+  the edge as well (0/0 whose numerator's sign is rounding noise).
 - Shapes and dtypes must agree exactly.
 - ``OP_ULPS`` widens the jitter where a runtime's arithmetic is coarser than
   eager's by design (Core AI float16 GEMMs accumulate in float16).
@@ -190,10 +192,11 @@ class Bound:
     spread: torch.Tensor
 
 
-def bound(want, wide, runs, directional: int = 2) -> Bound:
+def bound(want, wide, runs, directional: int = 2, flips=()) -> Bound:
     """The per-element bound for one eager output ``want`` (see the module
     docstring); the first ``directional`` runs (up, down, then any scattered
-    ones) moved values SPREAD_FACTOR times as far as the rest."""
+    ones) moved values SPREAD_FACTOR times as far as the rest. ``flips``
+    (quantized) only decide whether a non-finite value is stable."""
     floating = want.is_floating_point()
     info = torch.finfo(want.dtype) if floating else None
     eps, tiny, top = (info.eps, info.tiny, info.max) if floating else (0.0, 0.0, float("inf"))
@@ -202,7 +205,12 @@ def bound(want, wide, runs, directional: int = 2) -> Bound:
     finite_y, finite_64 = torch.isfinite(y), torch.isfinite(y64)
     runs_finite = torch.stack([torch.isfinite(r) for r in runs]).all(0) if runs else torch.ones_like(finite_y)
     fits = finite_64 & (y64.abs() <= top)
-    edge = (fits & ~(finite_y & runs_finite)) | (finite_y & ~fits)
+    # A non-finite value that some run does not reproduce (a division by a
+    # value that rounding makes 0, or not) has no stable value to agree with.
+    special = ~finite_y & ~finite_64
+    for run in list(runs) + [f.double() for f in flips]:
+        special = special & _same_special(y, run)
+    edge = (fits & ~(finite_y & runs_finite)) | (finite_y & ~fits) | (~finite_y & ~finite_64 & ~special)
     zero = torch.zeros_like(y)
     deviations = [torch.where(finite_y & torch.isfinite(r), r - y, zero) for r in runs]
     spread = torch.stack([d.abs() for d in deviations]).amax(0) if runs else zero
@@ -218,11 +226,11 @@ def bound(want, wide, runs, directional: int = 2) -> Bound:
     # Where the value is not a smooth function of the rounding (a jump, noise
     # rectified by abs), the directional runs are one sample: widen them too.
     allowed = torch.where(jumps, torch.maximum(allowed, SPREAD_FACTOR * spread), allowed)
-    return Bound(allowed, jumps | edge, edge, ~finite_y & ~finite_64, spread)
+    return Bound(allowed, jumps | edge, edge, special, spread)
 
 
 def _judge_output(want, got, wide, runs, flips=(), directional: int = 2) -> tuple[str | None, int]:
-    limits = bound(want, wide, runs, directional)
+    limits = bound(want, wide, runs, directional, flips)
     tiny = torch.finfo(want.dtype).tiny if want.is_floating_point() else 0.0
     y, y64, g = want.double(), wide.double(), got.double()
     allowed, edge = limits.allowed, limits.edge

@@ -259,6 +259,24 @@ def test_non_finite_in_float64_too_must_agree():
         reference, [torch.tensor([1.0, float("inf"), 0.0])]).problem
 
 
+def test_non_finite_value_a_run_does_not_reproduce_is_at_the_edge():
+    # 0/0 with a numerator of rounding noise: one jittered run gives -inf there, so eager's NaN is not stable
+    nan, inf = float("nan"), float("inf")
+    reference = _reference([1.0, nan, nan], jittered=[[1.0, nan, nan], [1.0, -inf, nan]] * 2)
+    judgement = tolerance.judge(reference, [torch.tensor([1.0, inf, nan])])
+    assert judgement.problem is None and judgement.unstable == 1
+    assert "non-finite values differ" in tolerance.judge(reference, [torch.tensor([1.0, nan, -inf])]).problem
+
+
+def test_non_finite_value_a_quantization_flip_makes_finite_is_at_the_edge():
+    nan = float("nan")
+    expected = torch.tensor([1.0, nan])
+    plain = Reference([expected], [expected.double()], [[expected]] * 4)
+    assert "non-finite values differ" in tolerance.judge(plain, [torch.tensor([1.0, -float("inf")])]).problem
+    flipped = Reference([expected], [expected.double()], [[expected]] * 4, flips=[[torch.tensor([1.0, 0.0])]])
+    assert tolerance.judge(flipped, [torch.tensor([1.0, -float("inf")])]).problem is None
+
+
 def test_shape_dtype_and_count():
     reference = _reference([1.0, 2.0])
     assert "outputs" in tolerance.judge(reference, []).problem
