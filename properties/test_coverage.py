@@ -72,3 +72,4 @@ def test_coverage_corpus(flow, etprop):
 
 
 test_coverage_corpus.etprop_share = sum(SHARES.values())
+test_coverage_corpus.etprop_streams = SHARES

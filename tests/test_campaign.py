@@ -97,6 +97,8 @@ def test_a_campaign_shrinks_places_and_reports_its_defect(tmp_path):
         "the property stopped at its first failure"
     assert {(r["item"], r["share"]) for r in records} == {
         ("test_single_method.py::test_mixed_programs[test-broken-weights]", 1)}
+    assert json.loads((artifacts / "collected.json").read_text()) == {
+        "test_single_method.py::test_mixed_programs[test-broken-weights]": 1}, "selected items only"
     (defect,) = list((artifacts / "defects").glob("*/defect.json"))
     shrunk = repro.read(defect.parent / "shrunk.json")
     assert shrunk["shrink"]["one_minimal"] and shrunk["shrink"]["nodes"] < shrunk["shrink"]["nodes_before"]
@@ -258,6 +260,18 @@ def test_progress_line_counts_examples_per_flow_failures_and_rate(tmp_path):
         "[  120s / 1800s] 3 examples (1.5/min); flow results: xnnpack 3; 1 new failing, 0 known-finding hits")
 
 
+def test_an_item_no_round_reached_is_least_served_at_zero(tmp_path):
+    quantized = "test_quantized.py::test_differential_quantized[xnnpack-dynamic_per_channel]"
+    never = "test_single_method.py::test_real_model_windows[xnnpack]"
+    artifacts = _results(tmp_path)
+    summary = Summary.load(artifacts)
+    assert summary.least_served()[0] == quantized and "never run" not in summary.text()
+    (artifacts / "collected.json").write_text(json.dumps({quantized: 3, never: 1, "cov.py::test[x]::coverage": 3}))
+    item, ratio, missing = Summary.load(artifacts).least_served()
+    assert ratio == 0.0 and missing == sorted([never, "cov.py::test[x]::coverage"]) and item in missing
+    assert f"items never run (2 of 3): cov.py::test[x]::coverage, {never}" in Summary.load(artifacts).text()
+
+
 def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
     summary = Summary.load(_results(tmp_path))
     assert summary.total_examples() == 3 and len(summary.failures()) == 1
@@ -266,7 +280,7 @@ def test_reports_summarize_outcomes_coverage_and_failures(tmp_path):
     # Designed: the mixed records name no item (share 1 assumed); the quantized item has share 3.
     assert "| mixed | `xnnpack` | 2 | 0.0% | 66.7% | 1 pass, 1 mismatch |" in text
     assert "| quantized | `xnnpack` | 1 | 100.0% | 33.3% | 1 pass |" in text
-    assert "least served: quantized x xnnpack, 0.33 of its designed share" in summary.text()
+    assert "least served cell: quantized x xnnpack, 0.33 of its designed share" in summary.text()
     assert "| dynamic_per_channel | `xnnpack` | 1 | 1 pass |" in text
     line = "ops per lowering: 1.3 on average over 3 flow results (mixed 1.5, quantized 1.0)"
     assert line in text and line in summary.text()

@@ -135,6 +135,28 @@ def pytest_collection_modifyitems(config, items):
                                  rotated[id(item)]))
 
 
+def pytest_collection_finish(session):
+    """Every item a campaign round selected, by the name its results carry,
+    with its designed share: the summary counts an item the budget never
+    reached as served 0 times, not as absent. An item that judges several
+    streams (``etprop_streams``: property to share) is one entry per stream."""
+    from etprop.verdicts.repro import atomic_write
+
+    config = session.config
+    if not option(config, "served") and not int(option(config, "round", 0)):
+        return
+    collected = {}
+    for item in session.items:
+        streams = getattr(getattr(item, "function", None), "etprop_streams", None)
+        if streams:
+            collected.update({f"{item.nodeid}::{prop}": share for prop, share in streams.items()})
+        else:
+            collected[item.nodeid] = item_share(item)
+    directory = Path(option(config, "artifacts", "artifacts"))
+    directory.mkdir(parents=True, exist_ok=True)
+    atomic_write(directory / "collected.json", json.dumps(collected, sort_keys=True))
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     from etprop.strategies.reproducible import draws_independent_of_imported_source

@@ -124,6 +124,42 @@ class Summary:
         total_designed, total_got = sum(designed.values()) or 1, sum(got.values()) or 1
         return {cell: (designed.get(cell, 0) / total_designed, got[cell] / total_got) for cell in got}
 
+    def item_shares(self) -> dict[str, tuple[float, float]]:
+        """Per test item (a coverage stream counts as its own): (designed, got)
+        fractions of all examples. Designed: the shares of every item the
+        campaign collected (``collected.json``), so an item no round reached
+        shows as got 0; items of older artifacts, from their results."""
+        designed: dict[str, float] = {}
+        collected = self.artifacts / "collected.json" if self.artifacts else None
+        if collected and collected.is_file():
+            designed.update(json.loads(collected.read_text()))
+        got: Counter = Counter()
+        for record in self.records:
+            if record.get("item"):
+                got[record["item"]] += 1
+                designed.setdefault(record["item"], record.get("share", 1))
+        total_designed, total_got = sum(designed.values()) or 1, sum(got.values()) or 1
+        return {item: (share / total_designed, got[item] / total_got) for item, share in designed.items()}
+
+    def least_served(self) -> tuple[str, float, list[str]] | None:
+        """(item, got over designed, items never run) over every collected item."""
+        shares = {item: pair for item, pair in self.item_shares().items() if pair[0]}
+        if not shares:
+            return None
+        item = min(shares, key=lambda name: (shares[name][1] / shares[name][0], name))
+        never = sorted(name for name, (_, got) in shares.items() if not got)
+        return item, shares[item][1] / shares[item][0], never
+
+    def least_served_text(self) -> list[str]:
+        least = self.least_served()
+        if least is None:
+            return []
+        item, ratio, never = least
+        lines = [f"least served item: {item}, {ratio:.2f} of its designed share"]
+        if never:
+            lines.append(f"items never run ({len(never)} of {len(self.item_shares())}): " + ", ".join(never))
+        return lines
+
     def ops_per_lowering(self) -> dict[str, tuple[int, float]]:
         """Per property, and over all (``""``): flow results and the mean ops
         of the programs they lowered. A lowering costs a fixed second or so
@@ -302,7 +338,8 @@ class Summary:
         short = [(got / designed, cell) for cell, (designed, got) in shares.items() if designed]
         if short:
             ratio, (prop, flow) = min(short)
-            lines.append(f"  least served: {prop} x {flow}, {ratio:.2f} of its designed share")
+            lines.append(f"  least served cell: {prop} x {flow}, {ratio:.2f} of its designed share")
+        lines += [f"  {line}" for line in self.least_served_text()]
         if self.records:
             lines.append(self.ops_text())
         quantized = self.quantization_cells()
@@ -340,6 +377,9 @@ class Summary:
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             designed, got = shares.get((prop, flow), (0.0, 0.0))
             lines.append(f"| {prop} | `{flow}` | {sum(counts.values())} | {designed:.1%} | {got:.1%} | {outcome_text} |")
+        served = self.least_served_text()
+        if served:
+            lines += [""] + served
         if self.records:
             lines += ["", self.ops_text()]
         quantized = self.quantization_cells()
