@@ -133,6 +133,7 @@ BROAD = {
     "XNN-028": ("xnnpack", _repro_spec("xnnpack_quantized_tensor_constant_pad.json")),
     "XNN-020": ("xnnpack", _repro_spec("xnnpack_quantized_zero_dim_mean.json")),
     "XNN-026": ("xnnpack", _repro_spec("xnnpack_float_conv_transpose_reads_dequantized.json")),
+    "XNN-029": ("xnnpack", _repro_spec("xnnpack_float_conv_transpose_quantized_output.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 
@@ -286,6 +287,32 @@ def test_a_layer_reading_its_input_through_float64_computes_the_same_values():
     """XNN-026's neutralization: the cast to float64 and back is exact."""
     _equivalent_form(_float_repro_spec("xnnpack_float_conv_transpose_reads_dequantized.json"), "XNN-026",
                      ".double().to(")
+
+
+def test_a_transposed_convolution_whose_result_goes_through_float64_computes_the_same_values():
+    """XNN-029's neutralization, in the padded form its repro has: the cast to float64 and back is exact."""
+    _equivalent_form(_repro_spec("xnnpack_float_conv_transpose_quantized_output.json"), "XNN-029",
+                     "via_float64=True)")
+
+
+@pytest.mark.parametrize("op", ["layer", "conv_transpose1d"])
+def test_plain_transposed_convolutions_whose_result_goes_through_float64_compute_the_same_values(op):
+    """XNN-029's neutralization on a layer and on the functional op, without
+    output padding; only statically quantized programs are rewritten."""
+    if op == "layer":
+        node = {"id": "v0", "op": "layer", "args": ["x"], "state": "t"}
+        state = {"t": {"kind": "layer", "type": "ConvTranspose1d", "seed": 1, "kwargs": {
+            "in_channels": 4, "out_channels": 8, "kernel_size": 3, "stride": 2, "groups": 4}}}
+    else:
+        node = {"id": "v0", "op": "conv_transpose1d", "args": ["x"], "state": "w", "attrs": {"stride": 2, "groups": 2}}
+        state = {"w": _weight((4, 3, 3), 1)}
+    spec = _program([node, {"id": "v1", "op": "add", "args": ["v0", "v0"]}], state, shape=(1, 4, 5))
+    rule = list(next(f for f in known_findings.load() if f.id == "XNN-029").neutralize)
+    assert neutralize(spec, rule)[1] == 0, "a float program keeps its form"
+    dynamic = {**spec, "format": "etprop-spec/2", "quantization": {"scheme": "dynamic_per_tensor", "calibration": 1}}
+    assert neutralize(dynamic, rule)[1] == 0, "dynamic quantization leaves outputs in float"
+    quantized = {**dynamic, "quantization": {"scheme": "static_per_tensor", "calibration": 1}}
+    _equivalent_form(quantized, "XNN-029", "_via_float64(self." if op == "layer" else "_via_float64(F.")
 
 
 def test_a_bias_of_its_own_computes_the_same_values():

@@ -98,15 +98,25 @@ def _output_padded(full, padding, output_padding, bias, by_cat=False):
     return y
 
 
-def _conv_transpose_output_padded(layer, x, by_cat=False):
+def _conv_transpose_output_padded(layer, x, by_cat=False, via_float64=False):
     """A ConvTranspose layer with an output_padding as its full transposed
     convolution, cropped by padding and extended by output_padding, then the
-    bias; other layers as they are (a neutralization's equivalent form)."""
+    bias; other layers as they are (a neutralization's equivalent form).
+    ``via_float64``: the convolution's result cast to float64 and back."""
     if not isinstance(layer, (nn.ConvTranspose1d, nn.ConvTranspose2d)) or not any(layer.output_padding):
-        return layer(x)
+        return _via_float64(layer(x)) if via_float64 else layer(x)
     convolve = F.conv_transpose1d if isinstance(layer, nn.ConvTranspose1d) else F.conv_transpose2d
     full = convolve(x, layer.weight, None, layer.stride, 0, 0, layer.groups, layer.dilation)
+    if via_float64:
+        full = _via_float64(full)
     return _output_padded(full, list(layer.padding), list(layer.output_padding), layer.bias, by_cat)
+
+
+def _via_float64(y):
+    """``y`` cast to float64 and back: the same values, through a cast no
+    delegate takes, so no delegate fuses the op before it with a quantization
+    after it (a neutralization's equivalent form)."""
+    return y.to(torch.float64).to(y.dtype)
 
 
 def _norm_two_pass(norm, x, kinds, batch_norm_by_hand=False):

@@ -15,7 +15,8 @@ Rewrites (``{"rewrite": NAME, ...}``):
   ``types`` optional: only layers of these types; ``state_kwargs`` optional:
   only layers constructed with these arguments; ``after`` optional: only
   nodes whose first operand one of these ops computes; ``dtypes`` optional:
-  only in programs of these dtypes).
+  only in programs of these dtypes; ``schemes`` optional: only in programs
+  quantized with one of these schemes).
 - ``drop_attrs``: ``ops``, ``attrs``; those attributes removed (back to the op's default).
 - ``copy_attrs``: ``ops``, ``copy`` (target -> source); where a node leaves the
   target attribute unset, it gets the source's value: an argument whose
@@ -77,6 +78,8 @@ def _producers(spec: dict) -> dict[str, str]:
 def _set_attrs(spec: dict, rule: dict) -> int:
     changed = 0
     if "dtypes" in rule and spec.get("dtype", "float32") not in rule["dtypes"]:
+        return 0
+    if "schemes" in rule and (spec.get("quantization") or {}).get("scheme") not in rule["schemes"]:
         return 0
     producers = _producers(spec) if "after" in rule else {}
     for node in _nodes_of(spec, rule["ops"]):

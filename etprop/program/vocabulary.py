@@ -37,7 +37,14 @@ def _layer(args, attrs, state):
     as arithmetic on its running statistics (the same values up to rounding;
     neutralizations); ``pad_output``: a transposed convolution
     layer's output_padding applied by padding its full result (``pad_by_cat``:
-    by concatenating zeros)."""
+    by concatenating zeros); ``output_via_float64``: its result (before any
+    output padding) cast to float64 and back."""
+    if attrs.get("output_via_float64"):
+        inner = {name: value for name, value in attrs.items() if name != "output_via_float64"}
+        if inner.get("pad_output"):
+            by_cat = ", by_cat=True" if inner.get("pad_by_cat") else ""
+            return f"_conv_transpose_output_padded(self.{state}, {args[0]}{by_cat}, via_float64=True)"
+        return f"_via_float64({_layer(args, inner, state)})"
     if attrs.get("pad_output"):
         by_cat = ", by_cat=True" if attrs.get("pad_by_cat") else ""
         return f"_conv_transpose_output_padded(self.{state}, {args[0]}{by_cat})"
@@ -113,9 +120,14 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
             # (the same values; a neutralization).
             inner = {name: value for name, value in attrs.items() if name not in ("output_padding", "padding")}
             by_cat = ", by_cat=True" if attrs.get("pad_by_cat") else ""
-            return (f"_output_padded({fn}({args[0]}, {_weight_ref(state)}, None{_kw(inner, *names)}), "
+            full = f"{fn}({args[0]}, {_weight_ref(state)}, None{_kw(inner, *names)})"
+            if attrs.get("output_via_float64"):
+                full = f"_via_float64({full})"
+            return (f"_output_padded({full}, "
                     f"{attrs.get('padding', 0)!r}, {attrs['output_padding']!r}, {bias}{by_cat})")
-        return f"{fn}({args[0]}, {_weight_ref(state)}, {bias}{_kw(attrs, *names)})"
+        result = f"{fn}({args[0]}, {_weight_ref(state)}, {bias}{_kw(attrs, *names)})"
+        # ``output_via_float64``: the result cast to float64 and back (a neutralization).
+        return f"_via_float64({result})" if attrs.get("output_via_float64") else result
     return render
 
 
