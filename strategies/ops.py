@@ -280,6 +280,8 @@ def _binary(op: str, **kw_strategies) -> Drawer:
         shape = list(x.shape[draw(st.integers(0, len(x.shape))):])
         kind = draw(st.sampled_from(["parameter", "buffer", "constant"]))
         entry = {"kind": kind, "shape": shape, "scale": 1.0}
+        if op == "div":
+            entry["scale"] = 1.0
         return g.add(op, [x], attrs, state=g.program.add_state(kind[0], entry))
     return draw_binary
 
@@ -548,7 +550,6 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("add", _binary("add", alpha=st.sampled_from([2.0, -1.0, 0.5]))),
     ("sub", _binary("sub", alpha=st.sampled_from([2.0, -1.0, 0.5]))),
     ("mul", _binary("mul")),
-    ("div", _binary("div", rounding_mode=st.sampled_from(["trunc", "floor"]))),
     ("maximum", _binary("maximum")),
     ("minimum", _binary("minimum")),
     ("linear", draw_linear),
