@@ -102,28 +102,11 @@ def _new_or_reused_layer(draw, g: GraphDraft, layer_type: str, kwargs: dict,
 
 # -- GEMMs ----------------------------------------------------------------------
 
-def _width(draw, g: GraphDraft, shape_of, *present: int) -> int:
-    """A GEMM's output width, often one the program already has, as real
-    models repeat their widths: first a width that gives a weight the shape
-    of one the program holds (``shape_of``: width -> weight shape), so two
-    GEMMs hold weights of one shape and a backend that reads one in place of
-    the other shows; else one of its operand's or weights' dims."""
-    shapes = {tuple(entry["shape"]) for entry in g.program.state.values() if entry["kind"] == "weight"}
-    twins = [m for m in range(1, 17) if tuple(shape_of(m)) in shapes]
-    seen = {d for d in present if 1 <= d <= 16} | {d for shape in shapes for d in shape if 1 <= d <= 16}
-    choice = draw(st.integers(0, 3))
-    if twins and choice < 2:
-        return draw(st.sampled_from(twins))
-    if seen and choice == 2:
-        return draw(st.sampled_from(sorted(seen)))
-    return draw(st.integers(1, 16))
-
-
 def draw_linear(draw, g):
     x = g.pick(draw, lambda v: 1 <= v.rank <= 4)
     if x is None:
         return None
-    out = _width(draw, g, lambda m: (m, x.shape[-1]), x.shape[-1])
+    out = draw(st.integers(1, 16))
     bias = draw(st.booleans())
     kwargs = {"in_features": x.shape[-1], "out_features": out, "bias": bias}
     if draw(st.booleans()):
@@ -203,7 +186,7 @@ def draw_addmm(draw, g):
     if x is None:
         return None
     n, k = x.shape
-    m = _width(draw, g, lambda m: (k, m), k)
+    m = draw(st.integers(1, 16))
     bias_shape = draw(st.sampled_from([(m,), (n, m), (1, m)]))
     attrs = {"bias_state": _weight(draw, g, bias_shape)}
     for kw in ("beta", "alpha"):
@@ -217,7 +200,7 @@ def draw_mm(draw, g):
     x = g.pick(draw, lambda v: v.rank == 2)
     if x is None:
         return None
-    return g.add("mm", [x], state=_weight(draw, g, (x.shape[1], _width(draw, g, lambda m: (x.shape[1], m), x.shape[1]))))
+    return g.add("mm", [x], state=_weight(draw, g, (x.shape[1], draw(st.integers(1, 16)))))
 
 
 def draw_bmm(draw, g):
@@ -225,14 +208,14 @@ def draw_bmm(draw, g):
     if x is None:
         return None
     b, _, k = x.shape
-    return g.add("bmm", [x], state=_weight(draw, g, (b, k, _width(draw, g, lambda m: (b, k, m), k))))
+    return g.add("bmm", [x], state=_weight(draw, g, (b, k, draw(st.integers(1, 16)))))
 
 
 def draw_matmul(draw, g):
     x = g.pick(draw, lambda v: v.rank >= 1)
     if x is None:
         return None
-    shape = draw(st.sampled_from([(x.shape[-1], _width(draw, g, lambda m: (x.shape[-1], m), x.shape[-1])), (x.shape[-1],)]))
+    shape = draw(st.sampled_from([(x.shape[-1], draw(st.integers(1, 16))), (x.shape[-1],)]))
     return g.add("matmul", [x], state=_weight(draw, g, shape))
 
 

@@ -34,18 +34,6 @@ def test_keys_name_ops_non_default_arguments_and_the_program_dtype():
     assert ("softmax", "", "", "quantized static_per_tensor") in coverage_space.keys(quantized)
 
 
-def test_an_op_whose_weight_has_a_twin_of_one_shape_is_its_own_key():
-    weight = {"kind": "weight", "shape": [8, 8], "seed": 4, "scale": 0.3}
-    nodes = [{"id": "v1", "op": "linear", "args": ["x"], "state": "w"},
-             {"id": "v2", "op": "linear", "args": ["v1"], "state": "u"}]
-    twins = _program(nodes, ["v2"], {"w": weight, "u": dict(weight, seed=5)})
-    assert ("linear", "weight", "twin", "float32") in coverage_space.keys(twins)
-    shared = _program([dict(nodes[0]), dict(nodes[1], state="w")], ["v2"], {"w": weight})
-    other_shape = _program(nodes, ["v2"], {"w": weight, "u": dict(weight, shape=[8, 4], seed=5)})
-    for program in (shared, other_shape):
-        assert not any(key[1] == "weight" for key in coverage_space.keys(program))
-
-
 def test_keys_of_nested_control_flow_and_several_methods():
     inner = {"params": ["a"], "nodes": [{"id": "u1", "op": "tanh", "args": ["a"]}], "outputs": ["u1"]}
     outer = {"params": ["b"], "nodes": [{"id": "u2", "op": "map", "args": ["b"], "bodies": [inner]}],

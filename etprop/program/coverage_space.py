@@ -12,9 +12,6 @@ A program's keys are tuples ``(op, argument, value, dtype)``:
   (etprop.program.semantic_mutants.ARGUMENTS) set away from its default, the
   value in a class (booleans, strings and small integers as themselves, other
   numbers as their sign, sequences by length);
-- ``(op, "weight", "twin", dtype)`` for an op whose weight or layer has a
-  twin: another state entry of the same kind and shape (layers: type and
-  arguments), which a backend could read in its place unnoticed by shapes;
 - ``("methods", n, shared, dtype)`` for a program of several methods, with
   whether they share state.
 ``dtype`` is the program's input dtype, or the quantization scheme for a
@@ -25,7 +22,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from etprop.program.semantic_mutants import ARGUMENTS, LAYER_ARGUMENTS, twin_of
+from etprop.program.semantic_mutants import ARGUMENTS, LAYER_ARGUMENTS
 from etprop.program.vocabulary import CONTROL_FLOW_OPS
 
 Key = tuple[str, str, str, str]
@@ -78,8 +75,6 @@ def keys(spec: dict) -> set[Key]:
             if op == "buffer_update" and not attrs.get("in_place", True):
                 op = "buffer_update:out_of_place"
             found.add((op, "", "", dtype))
-            if node.get("state") in spec["state"] and twin_of(spec["state"], node["state"]):
-                found.add((op, "weight", "twin", dtype))
             if op in CONTROL_FLOW_OPS and outer:
                 found.add((f"{outer}>{op}", "", "", dtype))
             for name, value in attrs.items():

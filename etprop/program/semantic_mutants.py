@@ -271,22 +271,6 @@ def _swap_operands(mutant: Mutant, spec: dict):
         yield copied
 
 
-def twin_of(state: dict, name: str) -> str | None:
-    """Another state entry a backend could read in place of ``name`` without
-    a shape error: the same kind and shape (layers: the same type and
-    arguments). The coverage space counts ops that have one."""
-    entry = state[name]
-    for other, candidate in state.items():
-        if other == name or candidate["kind"] != entry["kind"]:
-            continue
-        if entry["kind"] == "layer":
-            if candidate["type"] == entry["type"] and candidate["kwargs"] == entry["kwargs"]:
-                return other
-        elif candidate.get("shape") == entry.get("shape"):
-            return other
-    return None
-
-
 def _swap_weight(mutant: Mutant, spec: dict):
     """Each target's parameter replaced by another state entry of the same
     kind and shape (layers: another layer of the same type and arguments)."""
@@ -295,7 +279,16 @@ def _swap_weight(mutant: Mutant, spec: dict):
     changed = False
 
     def twin(name):
-        return twin_of(state, name)
+        entry = state[name]
+        for other, candidate in state.items():
+            if other == name or candidate["kind"] != entry["kind"]:
+                continue
+            if entry["kind"] == "layer":
+                if candidate["type"] == entry["type"] and candidate["kwargs"] == entry["kwargs"]:
+                    return other
+            elif candidate.get("shape") == entry.get("shape"):
+                return other
+        return None
 
     if mutant.op.startswith("layer:"):
         targets = {name: twin(name) for name in _targets(copied, mutant.op)}
