@@ -112,6 +112,29 @@ def _conv_transpose_output_padded(layer, x, by_cat=False, via_float64=False):
     return _output_padded(full, list(layer.padding), list(layer.output_padding), layer.bias, by_cat)
 
 
+def _conv_same_padded_explicitly_functional(x, weight, bias, dilation, groups):
+    """A convolution with padding 'same' (stride 1) as the zeros padded on,
+    before then after (the odd one after, as PyTorch does), then the
+    convolution without padding: the same values (a neutralization's
+    equivalent form)."""
+    dims = weight.dim() - 2
+    dilations = [dilation] * dims if isinstance(dilation, int) else list(dilation)
+    pads = []
+    for k, d in zip(reversed(weight.shape[2:]), reversed(dilations)):
+        total = d * (k - 1)
+        pads += [total // 2, total - total // 2]
+    convolve = F.conv1d if dims == 1 else F.conv2d
+    return convolve(F.pad(x, pads), weight, bias, 1, 0, dilations, groups)
+
+
+def _conv_same_padded_explicitly(layer, x):
+    """A Conv1d or Conv2d layer with padding 'same' (zeros) in the explicit
+    form above; other layers as they are."""
+    if not isinstance(layer, (nn.Conv1d, nn.Conv2d)) or layer.padding != "same" or layer.padding_mode != "zeros":
+        return layer(x)
+    return _conv_same_padded_explicitly_functional(x, layer.weight, layer.bias, layer.dilation, layer.groups)
+
+
 def _via_float64(y):
     """``y`` cast to float64 and back: the same values, through a cast no
     delegate takes, so no delegate fuses the op before it with a quantization

@@ -38,7 +38,11 @@ def _layer(args, attrs, state):
     neutralizations); ``pad_output``: a transposed convolution
     layer's output_padding applied by padding its full result (``pad_by_cat``:
     by concatenating zeros); ``output_via_float64``: its result (before any
-    output padding) cast to float64 and back."""
+    output padding) cast to float64 and back; ``same_padding_explicit``: a
+    convolution layer with padding 'same' as zeros padded on, then the
+    convolution without padding."""
+    if attrs.get("same_padding_explicit"):
+        return f"_conv_same_padded_explicitly(self.{state}, {args[0]})"
     if attrs.get("output_via_float64"):
         inner = {name: value for name, value in attrs.items() if name != "output_via_float64"}
         if inner.get("pad_output"):
@@ -114,6 +118,10 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
 
     def render(args, attrs, state):
         bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
+        if not transposed and attrs.get("same_padding_explicit") and attrs.get("padding") == "same":
+            # ``same_padding_explicit``: the zeros padded on, then no padding (a neutralization).
+            return (f"_conv_same_padded_explicitly_functional({args[0]}, {_weight_ref(state)}, {bias}, "
+                    f"{attrs.get('dilation', 1)!r}, {attrs.get('groups', 1)!r})")
         if transposed and attrs.get("pad_output") and attrs.get("output_padding"):
             # ``pad_output``: the full transposed convolution, cropped by
             # padding and extended by output_padding with zeros, then the bias
