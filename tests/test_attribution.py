@@ -136,6 +136,7 @@ BROAD = {
     "XNN-029": ("xnnpack", _repro_spec("xnnpack_float_conv_transpose_quantized_output.json")),
     "XNN-019": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_same_even_kernel.json")),
     "XNN-019 (layer)": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_layer_same_even_kernel.json")),
+    "XNN-030": ("xnnpack", _repro_spec("xnnpack_dynamic_linear_then_conv_shapes.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 LEADS |= {key for key in BROAD if key.split(" ")[0] in LEADS}
@@ -323,6 +324,11 @@ def test_plain_transposed_convolutions_whose_result_goes_through_float64_compute
 def test_same_padding_put_on_explicitly_computes_the_same_values(repro):
     """XNN-019's neutralization, functional and layer: the zeros padded on, then no padding, is exact."""
     _equivalent_form(_repro_spec(repro), "XNN-019", "= _conv_same_padded_explicitly")
+
+
+def test_a_convolution_reading_its_input_through_float64_computes_the_same_values():
+    """XNN-030's neutralization: the cast to float64 and back before the convolution is exact."""
+    _equivalent_form(_repro_spec("xnnpack_dynamic_linear_then_conv_shapes.json"), "XNN-030", ".double().to(")
 
 
 def test_a_bias_of_its_own_computes_the_same_values():
