@@ -137,6 +137,7 @@ BROAD = {
     "XNN-019": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_same_even_kernel.json")),
     "XNN-019 (layer)": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_layer_same_even_kernel.json")),
     "XNN-030": ("xnnpack", _repro_spec("xnnpack_dynamic_linear_then_conv_shapes.json")),
+    "EXIR-007": ("xnnpack+fold", _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 LEADS |= {key for key in BROAD if key.split(" ")[0] in LEADS}
@@ -329,6 +330,25 @@ def test_same_padding_put_on_explicitly_computes_the_same_values(repro):
 def test_a_convolution_reading_its_input_through_float64_computes_the_same_values():
     """XNN-030's neutralization: the cast to float64 and back before the convolution is exact."""
     _equivalent_form(_repro_spec("xnnpack_dynamic_linear_then_conv_shapes.json"), "XNN-030", ".double().to(")
+
+
+def test_spectral_norm_vectors_held_as_parameters_compute_the_same_values():
+    """EXIR-007's neutralization: the power-iteration vectors as frozen parameters give the same weight."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")
+    rule = next(f for f in known_findings.load() if f.id == "EXIR-007").neutralize
+    rewritten, changed = neutralize(spec, list(rule))
+    assert changed == 1
+    original, held = builder.build(spec), builder.build(rewritten)
+    assert "vectors_as_parameters=True" in held.source and "vectors_as_parameters=True" not in original.source
+    buffers = lambda built: {name for name, _ in built.module.named_buffers()}
+    assert any(name.endswith("_v") for name in buffers(original)) and not any(
+        name.endswith(("_u", "_v")) for name in buffers(held))
+    inputs = original.inputs("decode", "normal")
+    torch.testing.assert_close(held.eager("decode", inputs), original.eager("decode", inputs), rtol=0, atol=0)
 
 
 def test_a_bias_of_its_own_computes_the_same_values():

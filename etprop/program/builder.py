@@ -308,6 +308,14 @@ def _parametrize(module, name, kind, **attrs):
             torch.manual_seed(attrs.get("n_power_iterations", 1))
             parametrizations.spectral_norm(module, name, n_power_iterations=attrs.get("n_power_iterations", 1),
                                            dim=attrs.get("dim"))
+        if attrs.get("vectors_as_parameters"):
+            # The power-iteration vectors held as (frozen) parameters, not
+            # buffers: the same values (a neutralization's equivalent form).
+            norm = module.parametrizations[name][-1]
+            for vector in ("_u", "_v"):
+                value = getattr(norm, vector)
+                delattr(norm, vector)
+                norm.register_parameter(vector, nn.Parameter(value, requires_grad=False))
     elif kind == "scale":
         parametrize.register_parametrization(module, name, _Scale(attrs["factor"]))
     elif kind == "add_delta":
