@@ -143,8 +143,8 @@ def pytest_collection_finish(session):
     from etprop.verdicts.repro import atomic_write
 
     config = session.config
-    if not option(config, "served") and not int(option(config, "round", 0)):
-        return
+    if not session.items or (not option(config, "served") and not int(option(config, "round", 0))):
+        return  # not a campaign round, or an xdist controller (its workers collect)
     collected = {}
     for item in session.items:
         streams = getattr(getattr(item, "function", None), "etprop_streams", None)
