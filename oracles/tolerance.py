@@ -207,10 +207,11 @@ def bound(want, wide, runs, directional: int = 2, flips=()) -> Bound:
     fits = finite_64 & (y64.abs() <= top)
     # A non-finite value that some run does not reproduce (a division by a
     # value that rounding makes 0, or not) has no stable value to agree with.
-    special = ~finite_y & ~finite_64
+    non_finite = ~finite_y & ~finite_64
+    special = non_finite
     for run in list(runs) + [f.double() for f in flips]:
         special = special & _same_special(y, run)
-    edge = (fits & ~(finite_y & runs_finite)) | (finite_y & ~fits) | (~finite_y & ~finite_64 & ~special)
+    edge = (fits & ~(finite_y & runs_finite)) | (finite_y & ~fits) | (non_finite & ~special)
     zero = torch.zeros_like(y)
     deviations = [torch.where(finite_y & torch.isfinite(r), r - y, zero) for r in runs]
     spread = torch.stack([d.abs() for d in deviations]).amax(0) if runs else zero

@@ -320,6 +320,21 @@ def test_plain_transposed_convolutions_whose_result_goes_through_float64_compute
     _equivalent_form(quantized, "XNN-029", "_via_float64(self." if op == "layer" else "_via_float64(F.")
 
 
+def test_a_transposed_convolution_read_and_written_through_float64_keeps_both_casts():
+    """XNN-026's and XNN-029's neutralizations on one padded layer: both casts are rendered, the values exact."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _repro_spec("xnnpack_float_conv_transpose_quantized_output.json")
+    both = json.loads(json.dumps(spec))
+    both["methods"]["forward"]["nodes"][0]["attrs"].update(input_via_float64=True, output_via_float64=True)
+    original, rewritten = builder.build(spec), builder.build(both)
+    assert ".double().to(" in rewritten.source and "via_float64=True)" in rewritten.source
+    inputs = original.inputs("forward", "normal")
+    torch.testing.assert_close(rewritten.eager("forward", inputs), original.eager("forward", inputs), rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("repro", ["xnnpack_dynamic_conv_same_even_kernel.json",
                                    "xnnpack_dynamic_conv_layer_same_even_kernel.json"])
 def test_same_padding_put_on_explicitly_computes_the_same_values(repro):

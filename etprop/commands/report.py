@@ -142,7 +142,8 @@ class Summary:
         return {item: (share / total_designed, got[item] / total_got) for item, share in designed.items()}
 
     def least_served(self) -> tuple[str, float, list[str]] | None:
-        """(item, got over designed, items never run) over every collected item."""
+        """(item, got over designed, items never run) over every collected item
+        with a designed share."""
         shares = {item: pair for item, pair in self.item_shares().items() if pair[0]}
         if not shares:
             return None

@@ -41,22 +41,19 @@ def _layer(args, attrs, state):
     output padding) cast to float64 and back; ``same_padding_explicit``: a
     convolution layer with padding 'same' as zeros padded on, then the
     convolution without padding."""
-    if attrs.get("same_padding_explicit"):
-        return f"_conv_same_padded_explicitly(self.{state}, {args[0]})"
-    if attrs.get("output_via_float64"):
-        inner = {name: value for name, value in attrs.items() if name != "output_via_float64"}
-        if inner.get("pad_output"):
-            by_cat = ", by_cat=True" if inner.get("pad_by_cat") else ""
-            return f"_conv_transpose_output_padded(self.{state}, {args[0]}{by_cat}, via_float64=True)"
-        return f"_via_float64({_layer(args, inner, state)})"
-    if attrs.get("pad_output"):
-        by_cat = ", by_cat=True" if attrs.get("pad_by_cat") else ""
-        return f"_conv_transpose_output_padded(self.{state}, {args[0]}{by_cat})"
-    kinds = [kind for kind, attr in (("GroupNorm", "two_pass"), ("LayerNorm", "layer_norm_two_pass"))
-             if attrs.get(attr)]
     operand = f"{args[0]}.clone()" if attrs.get("input_copy") else args[0]
     if attrs.get("input_via_float64"):
         operand = f"{operand}.double().to({operand}.dtype)"
+    if attrs.get("same_padding_explicit"):
+        return f"_conv_same_padded_explicitly(self.{state}, {operand})"
+    if attrs.get("pad_output"):
+        extra = (", by_cat=True" if attrs.get("pad_by_cat") else "") + (
+            ", via_float64=True" if attrs.get("output_via_float64") else "")
+        return f"_conv_transpose_output_padded(self.{state}, {operand}{extra})"
+    if attrs.get("output_via_float64"):
+        return f"_via_float64({_layer(args, {k: v for k, v in attrs.items() if k != 'output_via_float64'}, state)})"
+    kinds = [kind for kind, attr in (("GroupNorm", "two_pass"), ("LayerNorm", "layer_norm_two_pass"))
+             if attrs.get(attr)]
     if kinds and attrs.get("by_hand"):
         # Neutralizations compose: each rewrites only the layer type it names.
         return f"_norm_two_pass(self.{state}, {operand}, {tuple(kinds)!r}, batch_norm_by_hand=True)"
