@@ -87,6 +87,30 @@ def test_a_node_whose_producers_no_bypass_can_remove_is_read_from_a_new_input():
     specmod.validate(smallest)
 
 
+def test_a_shrink_cut_off_midway_has_already_handed_over_its_smallest_failing_spec():
+    """A check that crashes the shrinker (an out-of-memory kill, a native
+    abort) must not take the progress made before it with it."""
+    def still_fails(spec):
+        return any(n["op"] == "linear" for _, n in specmod.all_nodes(spec))
+
+    checks = {"n": 0}
+
+    def crashes_on_the_fourth_check(spec):
+        checks["n"] += 1
+        if checks["n"] == 4:
+            raise MemoryError("the worker died")
+        return still_fails(spec)
+
+    seen = []
+    try:
+        shrink.shrink_to(_big_spec(), crashes_on_the_fourth_check, log=lambda line: None, on_kept=seen.append)
+    except MemoryError:
+        pass
+    assert seen, "no progress was handed over before the crash"
+    assert specmod.count_ops(seen[-1].spec) < specmod.count_ops(shrink.prune(_big_spec()))
+    assert still_fails(seen[-1].spec) and not seen[-1].one_minimal
+
+
 def test_shrink_keeps_the_original_when_nothing_smaller_fails():
     spec = shrink.prune(_big_spec())
     assert shrink.shrink(spec, lambda candidate: candidate == spec, log=lambda line: None) == spec

@@ -363,9 +363,12 @@ class Shrunk:
 
 
 def shrink_to(spec: dict, still_fails: Callable[[dict], bool], log: Callable[[str], None] = print,
-              max_checks: int = 400, deadline: Optional[float] = None) -> Shrunk:
+              max_checks: int = 400, deadline: Optional[float] = None,
+              on_kept: Optional[Callable[[Shrunk], None]] = None) -> Shrunk:
     """Greedy: take the first smaller candidate that still fails, start over;
-    stop at a 1-minimal spec, after ``max_checks`` lowerings or at ``deadline``."""
+    stop at a 1-minimal spec, after ``max_checks`` lowerings or at ``deadline``.
+    ``on_kept`` sees every smaller failing spec as it is found, so a shrink cut
+    off by a crash or a kill still leaves its progress behind."""
     best = prune(spec)
     if best != spec and not still_fails(best):
         best = spec
@@ -384,6 +387,8 @@ def shrink_to(spec: dict, still_fails: Callable[[dict], bool], log: Callable[[st
             if still_fails(candidate):
                 log(f"  kept: {label} -> {specmod.count_ops(candidate)} nodes")
                 best, improved = candidate, True
+                if on_kept is not None:
+                    on_kept(Shrunk(best, checks, False))
                 break
     log(f"shrink: {checks} candidates lowered; {specmod.count_ops(spec)} -> {specmod.count_ops(best)} nodes"
         + ("; 1-minimal" if not exhausted else "; stopped early (not 1-minimal)"))
@@ -452,12 +457,16 @@ def shrink_file(path: Path, output: Optional[Path], match: Optional[str], flow: 
                     return True
                 return False
 
-            shrunk = shrink_to(record["spec"], still_fails, max_checks=max_checks)
+            output = output or path.with_name(path.stem + ".shrunk.json")
+
+            def save(shrunk: Shrunk) -> None:
+                message = next((r.message for r in latest["result"].results if r.flow == failure.flow), "")
+                repro.write(output, shrunk.spec, record["flows"], record["property"], failure.outcome, message,
+                            script_flow=failure.flow, shrink=shrunk.facts(record["spec"]))
+
+            shrunk = shrink_to(record["spec"], still_fails, max_checks=max_checks, on_kept=save)
         finally:
             session.close()
-    message = next((r.message for r in latest["result"].results if r.flow == failure.flow), "")
-    output = output or path.with_name(path.stem + ".shrunk.json")
-    repro.write(output, shrunk.spec, record["flows"], record["property"], failure.outcome, message,
-                script_flow=failure.flow, shrink=shrunk.facts(record["spec"]))
+    save(shrunk)
     print(f"wrote {output} and {output.with_suffix('.py')}")
     return output

@@ -22,7 +22,7 @@ minimal spec; the others cannot be that defect and form a group of their own,
 so a second defect with the same message is not hidden behind the first.
 
 On disk, per group, ARTIFACTS/defects/KEY/: ``claim`` (a worker is on it),
-``progress.json`` (the smallest failing spec when a budget ran out),
+``progress.json`` (the smallest failing spec found so far, kept until the group is placed),
 ``shrunk.json`` and ``shrunk.py`` (the repro), ``defect.json`` (the verdicts
 per flow, the layer, merged groups) and ``draft.md`` (an upstream issue draft).
 """
@@ -343,10 +343,14 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
                         member.get("message", ""), reproduced=False)
         triage.save(defect)
         return defect
-    shrunk = shrink_to(start, same_failure, log=log, max_checks=max_checks, deadline=deadline)
-    if not shrunk.one_minimal and deadline is not None and time.time() > deadline:
+    def keep_progress(shrunk) -> None:
         repro.write(progress, shrunk.spec, member["flows"], member["property"], group.outcome,
                     last.get("message", ""), script=False)
+
+    shrunk = shrink_to(start, same_failure, log=log, max_checks=max_checks, deadline=deadline,
+                       on_kept=keep_progress)
+    if not shrunk.one_minimal and deadline is not None and time.time() > deadline:
+        keep_progress(shrunk)
         log(f"triage {group.key}: budget spent at {specmod.count_ops(shrunk.spec)} nodes; queued")
         return None
     spec = shrunk.spec
