@@ -58,10 +58,16 @@ def report(rows: list[dict], entries: list[dict], skipped: Counter, catalogue_si
     reached = [r for r in counted if r["status"] in ("killed", "survived")]
     print(f"\nof the mutants some corpus program could show (not equivalent, drawn): "
           f"{len(killed)} / {len(reached)} killed")
-    print(f"\nsurvivors ({len(survivors)}):")
+    reasons = Counter("inside the bound" if r["status"] != "never drawn" else "variants do not build"
+                      if r.get("unbuilt") else "no form it changes" if r["programs"] else "op not held"
+                      for r in survivors)
+    print(f"\nsurvivors ({len(survivors)}): " + ", ".join(f"{n} {why}" for why, n in reasons.most_common()))
     for row in survivors:
         if row["status"] != "never drawn":
             why = f"changes the float64 result of some of {row['programs']} programs; no stored output fails"
+        elif row.get("unbuilt"):
+            why = (f"{row['programs']} programs hold the op; in {row['unbuilt']} of them every variant fails to "
+                   "build (it changes a shape the rest of the program needs), the others have no form it changes")
         elif row["programs"]:
             why = (f"{row['programs']} programs hold the op, none in a form the mutant changes "
                    "(the argument at its default, no twin operand or weight)")

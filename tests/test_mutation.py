@@ -80,6 +80,29 @@ def test_a_corpus_kills_visible_mutants_and_calls_invisible_ones_equivalent(tmp_
                     "conv2d ignore_argument stride": "never drawn"}
 
 
+def test_a_mutant_whose_variants_do_not_build_is_told_apart_from_one_without_a_form(tmp_path):
+    """A slice whose start a backend ignores is longer, and the parameter
+    multiplied into it no longer broadcasts: that survivor's reason is a
+    shape, not an argument left at its default."""
+    spec = {"format": FORMAT, "state": {"p": {"kind": "parameter", "shape": [2], "seed": 1, "scale": 1.0}},
+            "methods": {"forward": {
+                "inputs": [{"name": "x", "shape": [3, 4], "dtype": "float32"}],
+                "nodes": [{"id": "v0", "op": "slice", "args": ["x"],
+                           "attrs": {"dim": 1, "start": 1, "end": 3, "step": 1}},
+                          {"id": "v1", "op": "mul", "args": ["v0"], "state": "p"}],
+                "outputs": ["v1"]}}}
+    artifacts = Artifacts(tmp_path)
+    example = run_example(spec, [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
+    assert example.results[0].outcome.value == "pass"
+    finish(example, ["portable"], artifacts)
+    entries, _ = load_corpus(tmp_path, None)
+    rows = {row["mutant"].name: row for row in score(entries, [Mutant("slice", "ignore_argument", "start"),
+                                                               Mutant("slice", "ignore_argument", "step")], None)}
+    start, step = rows["slice ignore_argument start"], rows["slice ignore_argument step"]
+    assert (start["status"], start["programs"], start["unbuilt"]) == ("never drawn", 1, 1)
+    assert (step["status"], step["programs"], step["unbuilt"]) == ("never drawn", 1, 0)
+
+
 def test_a_stored_output_that_already_has_the_mutants_fault_does_not_kill_it(tmp_path):
     """The kill is the oracle's verdict on the stored outputs: outputs of a
     lowering that computes the mutated program pass against its reference."""

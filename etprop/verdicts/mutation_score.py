@@ -72,15 +72,18 @@ class Program:
         return [(method, kind) for method, kind, _ in first["cases"] if (method, kind) in self.inputs]
 
 
-def mutated(program: Program, mutant) -> tuple[object | None, bool]:
+def mutated(program: Program, mutant, tried: list | None = None) -> tuple[object | None, bool]:
     """The mutant's program for ``program`` and whether it changes the float64
     result visibly. Of the variants that build, the first that changes the
     result and keeps every output's shape; else the first that changes it;
-    else the first that builds (an equivalent one)."""
+    else the first that builds (an equivalent one). ``tried`` collects the
+    variants, so a caller can tell "no form to mutate" from "none builds"."""
     from etprop.program import builder, mutants
 
     best, rank = (None, False), 3
     for variant in mutant.variants(program.spec):
+        if tried is not None:
+            tried.append(variant)
         try:
             built = builder.build(variant)
             changes = [(program.original_wide(method, kind), program.wide(built, method, kind))
@@ -129,7 +132,7 @@ def score(entries: list[dict], catalogue: list, limit: int | None, progress=None
     rows = []
     for mutant in catalogue:
         for dtype in dtypes:
-            row = {"mutant": mutant, "dtype": dtype, "status": "never drawn", "programs": 0}
+            row = {"mutant": mutant, "dtype": dtype, "status": "never drawn", "programs": 0, "unbuilt": 0}
             for entry in entries:
                 if entry["spec"].get("dtype", "float32") != dtype or not mutant.applies_to(entry["spec"]):
                     continue
@@ -142,8 +145,12 @@ def score(entries: list[dict], catalogue: list, limit: int | None, progress=None
                     except Exception:  # a corpus program this version no longer builds: it shows nothing
                         continue
                 program = programs[entry["index"]]
-                built, visible = mutated(program, mutant)
+                tried: list = []
+                built, visible = mutated(program, mutant, tried)
                 if built is None:
+                    # Variants that all fail to build (a shape the rest of the
+                    # program needs changed): not the same as no variant at all.
+                    row["unbuilt"] += bool(tried)
                     continue
                 if row["status"] == "never drawn":
                     row["status"] = "equivalent"
