@@ -10,6 +10,7 @@ finding names.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 
@@ -470,6 +471,39 @@ def test_nearest_by_index_is_nearest_interpolation(size):
     inputs = original.inputs("forward")
     torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
                                rtol=0, atol=0)
+
+
+def test_a_method_holding_a_transposed_convolution_is_exported_at_its_example_shapes():
+    """COREAI-016's neutralization: only a method that holds a transposed
+    convolution loses its dynamic dims; the values are the same."""
+    import torch
+
+    from etprop.program import builder
+
+    layer = {"kind": "layer", "type": "ConvTranspose1d", "seed": 2,
+             "kwargs": {"in_channels": 4, "out_channels": 2, "kernel_size": 3, "stride": 2, "bias": False}}
+    dynamic = [[0, 1, 4]]
+    spec = {"format": FORMAT, "state": {"l1": layer}, "methods": {
+        "forward": {"inputs": [{"name": "x", "shape": [2, 4, 5], "dtype": "float32", "dynamic": dynamic}],
+                    "nodes": [{"id": "v0", "op": "relu", "args": ["x"]},
+                              {"id": "v1", "op": "layer", "args": ["v0"], "state": "l1"}], "outputs": ["v1"]},
+        "other": {"inputs": [{"name": "x", "shape": [2, 4, 5], "dtype": "float32", "dynamic": dynamic}],
+                  "nodes": [{"id": "v0", "op": "relu", "args": ["x"]}], "outputs": ["v0"]}}}
+    rules = next(f for f in known_findings.load() if f.id == "COREAI-016").neutralize
+    written, changed = neutralize(spec, list(rules))
+    assert changed == 1
+    assert "dynamic" not in written["methods"]["forward"]["inputs"][0]
+    assert written["methods"]["other"]["inputs"][0]["dynamic"] == dynamic
+    original, rewritten = builder.build(spec), builder.build(written)
+    inputs = original.inputs("forward")
+    torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
+                               rtol=0, atol=0)
+    functional = copy.deepcopy(spec)
+    functional["methods"]["forward"]["nodes"][1] = {"id": "v1", "op": "conv_transpose1d", "args": ["v0"],
+                                                     "state": "w1", "attrs": {"stride": 2}}
+    functional["state"] = {"w1": {"kind": "weight", "shape": [4, 2, 3], "seed": 3, "scale": 0.3}}
+    assert neutralize(functional, list(rules))[1] == 1
+    assert neutralize(_program([{"id": "v0", "op": "relu", "args": ["x"]}]), list(rules))[1] == 0
 
 
 def test_stride_written_out_is_the_default_stride():

@@ -44,6 +44,10 @@ Rewrites (``{"rewrite": NAME, ...}``):
   ``buffer_scale`` (both multiply, so they commute), those scales become one
   scale by their product, dropped when the product is 1 (the same values:
   drawn factors are ±powers of two, so the products are exact).
+- ``static_inputs``: ``ops``, ``types`` (optional: only layers of these
+  types); a method holding a node of those ops (control-flow bodies
+  included) is exported at its example shapes: its inputs' ``dynamic`` dims
+  are dropped (the same values; only the export's shape guards change).
 - ``quantize_folded_weights``: a quantized program's computed weights are
   stored as their values before quantizing (``fold_computed_weights``): the
   same float program, whose weights PT2E no longer quantizes op by op.
@@ -159,6 +163,20 @@ def _set_parametrization_attrs(spec: dict, rule: dict) -> int:
                 parametrization.update(rule["attrs"])
                 touched = True
         changed += touched
+    return changed
+
+
+def _static_inputs(spec: dict, rule: dict) -> int:
+    changed = 0
+    for body in spec["methods"].values():
+        holds = any(node["op"] in rule["ops"] and ("types" not in rule or
+                                                   spec["state"].get(node.get("state"), {}).get("type") in rule["types"])
+                    for node in iter_nodes(body["nodes"]))
+        dynamic = [entry for entry in body["inputs"] if entry.get("dynamic")]
+        if holds and dynamic:
+            for entry in dynamic:
+                del entry["dynamic"]
+            changed += 1
     return changed
 
 
@@ -303,6 +321,7 @@ REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "inline_control_flow": _inline_control_flow,
     "buffer_update_out_of_place": _buffer_update_out_of_place,
     "state_apart_from_control_flow": _state_apart_from_control_flow,
+    "static_inputs": _static_inputs,
 }
 
 
