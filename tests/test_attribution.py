@@ -895,30 +895,41 @@ def test_repeated_scales_merge_into_one_with_the_same_weight_bit_for_bit():
                                                                         ("scale", 0.5)]),
     ([("scale", 2.0), ("add_delta", 3), ("scale", 2.0)], None),
     ([("scale", 2.0), ("scale", 0.5)], None),
+    ([("scale", 0.5), ("buffer_scale", 7), ("scale", 2.0)], [("buffer_scale", 7)]),
+    ([("scale", 2.0), ("scale", -4.0), ("add_delta", 3), ("scale", 0.5)], [("scale", -8.0), ("add_delta", 3),
+                                                                         ("scale", 0.5)]),
 ], ids=["across a buffer scale, product 1", "a run before an added delta", "apart by an added delta",
-        "distinct factors"])
-def test_only_scales_repeating_a_factor_between_multiplications_are_merged(steps, merged):
+        "distinct factors", "every chain: distinct factors, product 1", "every chain: a run of distinct factors"])
+def test_only_scales_repeating_a_factor_between_multiplications_are_merged(request, steps, merged):
+    """Without ``every_chain`` only a run that repeats a factor merges; with
+    it (COREAI-004's rule since its shared-factor form) every run does."""
     import torch
 
     def parametrizations(pairs):
         return [{"type": kind, "factor": value} if kind == "scale" else {"type": kind, "seed": value}
                 for kind, value in pairs]
 
+    every_chain = request.node.callspec.id.startswith("every chain")
     spec = _program([{"id": "v0", "op": "linear", "args": ["x"], "state": "w"}],
                     {"w": _weight((4, 8), 1, parametrizations(steps))})
-    after, changed = neutralize(spec, [{"rewrite": "merge_repeated_scales"}])
+    after, changed = neutralize(spec, [{"rewrite": "merge_repeated_scales", "every_chain": every_chain}])
     assert changed == (merged is not None)
     assert after["state"]["w"]["parametrizations"] == parametrizations(merged if merged is not None else steps)
     assert torch.equal(_effective_weights(spec)["w"], _effective_weights(after)["w"])
 
 
-def test_the_campaigns_core_ai_memory_crash_passes_with_repeated_scales_merged(session):
-    """The other half of attributing that crash to COREAI-004b (the crash
+@pytest.mark.parametrize("fixture", ["coreai_repeated_scale_memory_crash.json",
+                                     "coreai_scale_chain_shared_factor_crash.json"])
+def test_the_campaigns_core_ai_memory_crash_passes_with_repeated_scales_merged(session, fixture):
+    """The other half of attributing those crashes to COREAI-004b (a crash
     itself takes 90 s and 8 GiB, so it is shown in the finding's note, not
-    here): the neutralized program runs on Core AI and matches."""
+    here): the neutralized program runs on Core AI and matches. The second
+    program scales a weight by 0.5 then 2.0 beside a softplus with beta 2."""
     from pathlib import Path
 
-    spec = json.loads((Path(__file__).parent / "fixtures" / "coreai_repeated_scale_memory_crash.json").read_text())["spec"]
-    neutralized, _ = neutralize(spec, [{"rewrite": "merge_repeated_scales"}])
+    spec = json.loads((Path(__file__).parent / "fixtures" / fixture).read_text())["spec"]
+    (finding,) = [f for f in known_findings.load() if f.id == "COREAI-004b"]
+    neutralized, changed = neutralize(spec, list(finding.neutralize))
+    assert changed == 1
     result = session.run(neutralized, [flows.get("coreai")], "mixed", SINGLE_FLOW)
     assert [r.outcome.value for r in result.results] == ["pass"], result.results[0].message

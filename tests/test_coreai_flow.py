@@ -515,8 +515,9 @@ def _loads_within(factors, seconds: int = 20) -> bool:
 
 
 @pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "finding COREAI-004: coreai-core's Linux load of a constant multiplied twice by one scalar never "
-    "returns and grows memory; see findings/coreai-load-hang-repeated-scalar.md"))
+    "finding COREAI-004: coreai-core's Linux load of a constant whose chain of scalar multiplications "
+    "shares a factor (here: repeats one) never returns and grows memory; "
+    "see findings/coreai-load-hang-repeated-scalar.md"))
 @pytest.mark.slow
 @pytest.mark.parametrize("factors", [(-1.0, -1.0), (2.0, 0.5, 2.0)], ids=["negated twice", "2 then 0.5 then 2"])
 def test_bundle_with_a_constant_scaled_twice_by_one_factor_loads(factors):

@@ -43,7 +43,8 @@ Rewrites (``{"rewrite": NAME, ...}``):
   repeat a factor with nothing between them but other scales and
   ``buffer_scale`` (both multiply, so they commute), those scales become one
   scale by their product, dropped when the product is 1 (the same values:
-  drawn factors are ±powers of two, so the products are exact).
+  drawn factors are ±powers of two, so the products are exact); with
+  ``every_chain``, every run of two or more such scales, repeated or not.
 - ``static_inputs``: ``ops``, ``types`` (optional: only layers of these
   types); a method holding a node of those ops (control-flow bodies
   included) is exported at its example shapes: its inputs' ``dynamic`` dims
@@ -284,7 +285,7 @@ def _merge_repeated_scales(spec: dict, rule: dict) -> int:
         products: dict[int, float] = {}
         for segment in segments:
             factors = [steps[index]["factor"] for index in segment]
-            if len(set(factors)) == len(factors):
+            if len(segment) < 2 or (len(set(factors)) == len(factors) and not rule.get("every_chain")):
                 continue
             product = 1.0
             for factor in factors:

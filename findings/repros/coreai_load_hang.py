@@ -1,13 +1,15 @@
-"""Repro: Core AI on Linux never finishes loading a bundle whose constant is
-multiplied twice by the same scalar.
+"""Repro: Core AI on Linux never finishes loading a bundle whose constant goes
+through a chain of scalar multiplications sharing a factor with another
+multiplication of the program.
 
 Needs only torch 2.13, executorch 1.5.1, coreai-torch 0.4.2 and coreai-core
-1.0.0b2. Lowers ``x + (p * f1 * f2 ...).sum()`` (``p`` a parameter) with the
-stock Core AI recipe, writes the delegate's bundle out of the named data, and
-loads it with ``AIModelAsset.executable()`` in a child process limited to
-4 GB of address space and LOAD_SECONDS. The controls (one factor; distinct
-factors) load in well under a second. Exits 1 if a chain repeating a factor
-does not load.
+1.0.0b2. Lowers ``x * g + (p * f1 * f2 ...).sum()`` (``p`` a parameter, ``g``
+absent or a scalar) with the stock Core AI recipe, writes the delegate's
+bundle out of the named data, and loads it with ``AIModelAsset.executable()``
+in a child process limited to 4 GB of address space and LOAD_SECONDS. The
+controls (one factor; distinct factors; the input scaled by a factor of a
+one-step chain) load in well under a second. Exits 1 if a chain that shares
+a factor does not load.
 
 Observed: the load does not return (no error); left alone, memory grows
 steadily (13 GB after about five minutes in one run).
@@ -44,20 +46,24 @@ asyncio.run(main())
 
 
 class Scaled(torch.nn.Module):
-    def __init__(self, factors: tuple):
+    def __init__(self, factors: tuple, input_factor=None):
         super().__init__()
         self.p = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 3))
         self.factors = factors
+        self.input_factor = input_factor
 
     def forward(self, x):
+        # The input's multiplication first: in graph order after the chain, it loads.
+        scaled_input = x if self.input_factor is None else x * self.input_factor
         value = self.p
         for factor in self.factors:
             value = value * factor
-        return x + value.sum()
+        return scaled_input + value.sum()
 
 
-CONTROLS = ((-1.0,), (2.0, 3.0))
-REPEATED = ((-1.0, -1.0), (2.0, 0.5, 2.0))
+# (factors of p's chain, the input's factor)
+CONTROLS = (((-1.0,), None), ((2.0, 3.0), None), ((0.5, 2.0), None), ((0.5,), 2.0))
+SHARED = (((-1.0, -1.0), None), ((2.0, 0.5, 2.0), None), ((0.5, 2.0), 2.0))
 
 
 def bundle(module: torch.nn.Module, out: Path) -> Path:
@@ -96,15 +102,16 @@ def load(path: Path) -> str:
 def main() -> int:
     out = Path(tempfile.mkdtemp())
     stuck = []
-    for factors in CONTROLS + REPEATED:
-        name = "x".join(map(str, factors))
-        result = load(bundle(Scaled(factors), out / name))
-        print(f"p * {' * '.join(map(str, factors))}: {result}")
-        if factors in REPEATED and not result.startswith("loaded"):
-            stuck.append(factors)
+    for factors, input_factor in CONTROLS + SHARED:
+        name = "x".join(map(str, factors)) + f"_input{input_factor}"
+        result = load(bundle(Scaled(factors, input_factor), out / name))
+        shown = f"p * {' * '.join(map(str, factors))}" + (f" beside x * {input_factor}" if input_factor else "")
+        print(f"{shown}: {result}")
+        if (factors, input_factor) in SHARED and not result.startswith("loaded"):
+            stuck.append(shown)
     if not stuck:
         return 0
-    print(f"DEFECT: the Core AI runtime does not finish loading a constant scaled twice by one factor: {stuck}")
+    print(f"DEFECT: the Core AI runtime does not finish loading a constant's scalar chain that shares a factor: {stuck}")
     return 1
 
 
