@@ -32,6 +32,21 @@ import torch
 from etprop.verdicts.mutation_score import load_corpus, score
 
 
+def _why_it_survived(row: dict) -> tuple[str, str]:
+    """(a short class, the sentence) for one surviving mutant."""
+    if row["status"] != "never drawn":
+        return "inside the bound", (f"changes the float64 result of some of {row['programs']} programs; "
+                                    "no stored output fails")
+    if row.get("unbuilt"):
+        return "variants do not build", (
+            f"{row['programs']} programs hold the op; in {row['unbuilt']} of them every variant fails to build "
+            "(it changes a shape the rest of the program needs), the others have no form it changes")
+    if row["programs"]:
+        return "no form it changes", (f"{row['programs']} programs hold the op, none in a form the mutant changes "
+                                      "(the argument at its default, no twin operand or weight)")
+    return "op not held", "no corpus program holds the op"
+
+
 def report(rows: list[dict], entries: list[dict], skipped: Counter, catalogue_size: int, command: str) -> None:
     counted = [r for r in rows if r["status"] != "equivalent"]
     killed = [r for r in counted if r["status"] == "killed"]
@@ -58,21 +73,10 @@ def report(rows: list[dict], entries: list[dict], skipped: Counter, catalogue_si
     reached = [r for r in counted if r["status"] in ("killed", "survived")]
     print(f"\nof the mutants some corpus program could show (not equivalent, drawn): "
           f"{len(killed)} / {len(reached)} killed")
-    reasons = Counter("inside the bound" if r["status"] != "never drawn" else "variants do not build"
-                      if r.get("unbuilt") else "no form it changes" if r["programs"] else "op not held"
-                      for r in survivors)
-    print(f"\nsurvivors ({len(survivors)}): " + ", ".join(f"{n} {why}" for why, n in reasons.most_common()))
-    for row in survivors:
-        if row["status"] != "never drawn":
-            why = f"changes the float64 result of some of {row['programs']} programs; no stored output fails"
-        elif row.get("unbuilt"):
-            why = (f"{row['programs']} programs hold the op; in {row['unbuilt']} of them every variant fails to "
-                   "build (it changes a shape the rest of the program needs), the others have no form it changes")
-        elif row["programs"]:
-            why = (f"{row['programs']} programs hold the op, none in a form the mutant changes "
-                   "(the argument at its default, no twin operand or weight)")
-        else:
-            why = "no corpus program holds the op"
+    reasons = [(row, _why_it_survived(row)) for row in survivors]
+    counts = Counter(short for _, (short, _) in reasons)
+    print(f"\nsurvivors ({len(survivors)}): " + ", ".join(f"{n} {short}" for short, n in counts.most_common()))
+    for row, (_, why) in reasons:
         print(f"- {row['mutant'].name} [{row['dtype']}]: {why}")
 
 

@@ -889,18 +889,18 @@ def test_repeated_scales_merge_into_one_with_the_same_weight_bit_for_bit():
     assert all(torch.equal(before_values[name], after_values[name]) for name in before_values)
 
 
-@pytest.mark.parametrize("steps, merged", [
-    ([("scale", -1.0), ("buffer_scale", 7), ("scale", -1.0)], [("buffer_scale", 7)]),
-    ([("scale", 2.0), ("scale", 2.0), ("add_delta", 3), ("scale", 0.5)], [("scale", 4.0), ("add_delta", 3),
-                                                                        ("scale", 0.5)]),
-    ([("scale", 2.0), ("add_delta", 3), ("scale", 2.0)], None),
-    ([("scale", 2.0), ("scale", 0.5)], None),
-    ([("scale", 0.5), ("buffer_scale", 7), ("scale", 2.0)], [("buffer_scale", 7)]),
-    ([("scale", 2.0), ("scale", -4.0), ("add_delta", 3), ("scale", 0.5)], [("scale", -8.0), ("add_delta", 3),
-                                                                         ("scale", 0.5)]),
+@pytest.mark.parametrize("every_chain, steps, merged", [
+    (False, [("scale", -1.0), ("buffer_scale", 7), ("scale", -1.0)], [("buffer_scale", 7)]),
+    (False, [("scale", 2.0), ("scale", 2.0), ("add_delta", 3), ("scale", 0.5)], [("scale", 4.0), ("add_delta", 3),
+                                                                               ("scale", 0.5)]),
+    (False, [("scale", 2.0), ("add_delta", 3), ("scale", 2.0)], None),
+    (False, [("scale", 2.0), ("scale", 0.5)], None),
+    (True, [("scale", 0.5), ("buffer_scale", 7), ("scale", 2.0)], [("buffer_scale", 7)]),
+    (True, [("scale", 2.0), ("scale", -4.0), ("add_delta", 3), ("scale", 0.5)], [("scale", -8.0), ("add_delta", 3),
+                                                                                ("scale", 0.5)]),
 ], ids=["across a buffer scale, product 1", "a run before an added delta", "apart by an added delta",
         "distinct factors", "every chain: distinct factors, product 1", "every chain: a run of distinct factors"])
-def test_only_scales_repeating_a_factor_between_multiplications_are_merged(request, steps, merged):
+def test_only_scales_repeating_a_factor_between_multiplications_are_merged(every_chain, steps, merged):
     """Without ``every_chain`` only a run that repeats a factor merges; with
     it (COREAI-004's rule since its shared-factor form) every run does."""
     import torch
@@ -909,7 +909,6 @@ def test_only_scales_repeating_a_factor_between_multiplications_are_merged(reque
         return [{"type": kind, "factor": value} if kind == "scale" else {"type": kind, "seed": value}
                 for kind, value in pairs]
 
-    every_chain = request.node.callspec.id.startswith("every chain")
     spec = _program([{"id": "v0", "op": "linear", "args": ["x"], "state": "w"}],
                     {"w": _weight((4, 8), 1, parametrizations(steps))})
     after, changed = neutralize(spec, [{"rewrite": "merge_repeated_scales", "every_chain": every_chain}])
