@@ -873,18 +873,20 @@ def _effective_weights(spec: dict) -> dict:
 
 
 def test_repeated_scales_merge_into_one_with_the_same_weight_bit_for_bit():
-    """COREAI-004's neutralization on the campaign's 20-node memory-limit crash:
-    only the weight scaled 2.0, 0.5, 2.0 changes, to one scale 2.0, and every
-    weight keeps its value exactly."""
+    """COREAI-004's scale merging on the campaign's 20-node memory-limit crash:
+    only the weight scaled 2.0, 0.5, 2.0 (now one scale 2.0) and the weight
+    scaled 0.5 then by a buffer (now the buffer stored times 0.5) change, and
+    every weight keeps its value exactly."""
     import torch
     from pathlib import Path
 
     spec = json.loads((Path(__file__).parent / "fixtures" / "coreai_repeated_scale_memory_crash.json").read_text())["spec"]
     (finding,) = [f for f in known_findings.load() if f.id == "COREAI-004b"]
-    after, changed = neutralize(spec, list(finding.neutralize))
-    assert changed == 1
-    assert _state_changes(spec["state"], after["state"]) == {"w6"}
+    after, changed = neutralize(spec, [rule for rule in finding.neutralize if rule["rewrite"] == "merge_repeated_scales"])
+    assert changed == 2
+    assert _state_changes(spec["state"], after["state"]) == {"w6", "w9"}
     assert after["state"]["w6"]["parametrizations"] == [{"factor": 2.0, "type": "scale"}]
+    assert after["state"]["w9"]["parametrizations"] == [{"seed": 771, "type": "buffer_scale", "factor": 0.5}]
     before_values, after_values = _effective_weights(spec), _effective_weights(after)
     assert all(torch.equal(before_values[name], after_values[name]) for name in before_values)
 
@@ -898,16 +900,27 @@ def test_repeated_scales_merge_into_one_with_the_same_weight_bit_for_bit():
     (True, [("scale", 0.5), ("buffer_scale", 7), ("scale", 2.0)], [("buffer_scale", 7)]),
     (True, [("scale", 2.0), ("scale", -4.0), ("add_delta", 3), ("scale", 0.5)], [("scale", -8.0), ("add_delta", 3),
                                                                                 ("scale", 0.5)]),
+    (True, [("buffer_scale", 7), ("scale", -2.0), ("add_delta", 3), ("scale", 0.5)],
+     [("buffer_scale", (7, -2.0)), ("add_delta", 3), ("scale", 0.5)]),
 ], ids=["across a buffer scale, product 1", "a run before an added delta", "apart by an added delta",
-        "distinct factors", "every chain: distinct factors, product 1", "every chain: a run of distinct factors"])
+        "distinct factors", "every chain: distinct factors, product 1", "every chain: a run of distinct factors",
+        "every chain: a scale after a buffer goes into the buffer"])
 def test_only_scales_repeating_a_factor_between_multiplications_are_merged(every_chain, steps, merged):
     """Without ``every_chain`` only a run that repeats a factor merges; with
-    it (COREAI-004's rule since its shared-factor form) every run does."""
+    it (COREAI-004's rule since its shared-factor form) every run does, into
+    the run's buffer where it has one."""
     import torch
 
     def parametrizations(pairs):
-        return [{"type": kind, "factor": value} if kind == "scale" else {"type": kind, "seed": value}
-                for kind, value in pairs]
+        steps = []
+        for kind, value in pairs:
+            if kind == "scale":
+                steps.append({"type": kind, "factor": value})
+            elif isinstance(value, tuple):
+                steps.append({"type": kind, "seed": value[0], "factor": value[1]})
+            else:
+                steps.append({"type": kind, "seed": value})
+        return steps
 
     spec = _program([{"id": "v0", "op": "linear", "args": ["x"], "state": "w"}],
                     {"w": _weight((4, 8), 1, parametrizations(steps))})
@@ -917,18 +930,54 @@ def test_only_scales_repeating_a_factor_between_multiplications_are_merged(every
     assert torch.equal(_effective_weights(spec)["w"], _effective_weights(after)["w"])
 
 
+@pytest.mark.parametrize("alpha, beta", [(2.0, 0.5), (-1.0, None), (None, 2.0), (0.5, -1.0)])
+def test_a_gemms_scalars_move_into_its_weights_with_the_same_values_bit_for_bit(alpha, beta):
+    """COREAI-004 through a GEMM's scalars: ``beta`` becomes a last scale of
+    the bias, ``alpha`` of the weight, each copied first where another node
+    reads it, and the program computes the same values bit for bit."""
+    import torch
+
+    from etprop.program import builder
+
+    attrs = {"bias_state": "b", **({"alpha": alpha} if alpha is not None else {}),
+             **({"beta": beta} if beta is not None else {})}
+    spec = _program([{"id": "v0", "op": "addmm", "args": ["x"], "state": "w", "attrs": attrs},
+                     {"id": "v1", "op": "linear", "args": ["x"], "state": "w2", "attrs": {"bias_state": "b"}},
+                     {"id": "v2", "op": "add", "args": ["v0", "v1"]}],
+                    {"w": _weight((8, 6), 1, [{"type": "scale", "factor": -1.0}]), "b": _weight((6,), 2),
+                     "w2": _weight((6, 8), 3)})
+    rules = next(f for f in known_findings.load() if f.id == "COREAI-004").neutralize
+    written, changed = neutralize(spec, list(rules))
+    gemm = written["methods"]["forward"]["nodes"][0]
+    assert "alpha" not in gemm["attrs"] and "beta" not in gemm["attrs"]
+    assert changed == 2 * (alpha is not None) + (beta is not None), "alpha joins the weight's scale: merged"
+    assert (gemm["attrs"]["bias_state"] != "b") == (beta is not None), "a shared bias is copied, not scaled"
+    assert written["state"]["b"] == spec["state"]["b"]
+    original, rewritten = builder.build(spec), builder.build(written)
+    inputs = original.inputs("forward")
+    assert torch.equal(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0])
+    assert neutralize(_program([{"id": "v0", "op": "addmm", "args": ["x"], "state": "w",
+                                 "attrs": {"bias_state": "b", "beta": 0.0}}],
+                               {"w": _weight((8, 6), 1), "b": _weight((6,), 2)}), list(rules))[1] == 0
+
+
 @pytest.mark.parametrize("fixture", ["coreai_repeated_scale_memory_crash.json",
-                                     "coreai_scale_chain_shared_factor_crash.json"])
+                                     "coreai_scale_chain_shared_factor_crash.json",
+                                     "coreai_gemm_scalar_chain_crash.json",
+                                     "coreai_buffer_scale_chain_crash.json"])
 def test_the_campaigns_core_ai_memory_crash_passes_with_repeated_scales_merged(session, fixture):
     """The other half of attributing those crashes to COREAI-004b (a crash
     itself takes 90 s and 8 GiB, so it is shown in the finding's note, not
     here): the neutralized program runs on Core AI and matches. The second
-    program scales a weight by 0.5 then 2.0 beside a softplus with beta 2."""
+    program scales a weight by 0.5 then 2.0 beside a softplus with beta 2;
+    the third scales a bias by -1, then by its GEMM's beta 2.0, beside a
+    weight scaled by -1; the fourth multiplies a bias by a buffer, then by
+    -2, beside a weight scaled by -2."""
     from pathlib import Path
 
     spec = json.loads((Path(__file__).parent / "fixtures" / fixture).read_text())["spec"]
     (finding,) = [f for f in known_findings.load() if f.id == "COREAI-004b"]
     neutralized, changed = neutralize(spec, list(finding.neutralize))
-    assert changed == 1
+    assert changed
     result = session.run(neutralized, [flows.get("coreai")], "mixed", SINGLE_FLOW)
     assert [r.outcome.value for r in result.results] == ["pass"], result.results[0].message

@@ -249,11 +249,13 @@ class _AddDelta(nn.Module):
 
 
 class _BufferScale(nn.Module):
-    """A buffer as one source of the computed weight."""
+    """A buffer as one source of the computed weight. ``factor``: the buffer
+    stored already multiplied by a scale that followed it (a neutralization's
+    equivalent form: exact for ±powers of two)."""
 
-    def __init__(self, shape, seed):
+    def __init__(self, shape, seed, factor=1.0):
         super().__init__()
-        self.register_buffer("gain", 0.5 + _randn(shape, seed).abs())
+        self.register_buffer("gain", (0.5 + _randn(shape, seed).abs()) * factor)
 
     def forward(self, value):
         return value * self.gain
@@ -321,7 +323,7 @@ def _parametrize(module, name, kind, **attrs):
     elif kind == "add_delta":
         parametrize.register_parametrization(module, name, _AddDelta(shape, attrs["seed"]))
     elif kind == "buffer_scale":
-        parametrize.register_parametrization(module, name, _BufferScale(shape, attrs["seed"]))
+        parametrize.register_parametrization(module, name, _BufferScale(shape, attrs["seed"], attrs.get("factor", 1.0)))
     elif kind == "low_rank":
         parametrize.register_parametrization(module, name, _LowRank(attrs["rank"]), unsafe=True)
     elif kind == "transpose":

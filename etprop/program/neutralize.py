@@ -44,7 +44,15 @@ Rewrites (``{"rewrite": NAME, ...}``):
   ``buffer_scale`` (both multiply, so they commute), those scales become one
   scale by their product, dropped when the product is 1 (the same values:
   drawn factors are ±powers of two, so the products are exact); with
-  ``every_chain``, every run of two or more such scales, repeated or not.
+  ``every_chain``, every run of two or more multiplying steps holding a
+  scale, repeated or not, and where the run multiplies by a buffer too, its
+  scales go into that buffer's stored values (``factor`` on ``buffer_scale``).
+- ``gemm_scalars_into_weights``: ``ops``; a GEMM's ``beta`` and ``alpha`` (the
+  scalars it multiplies its bias and its product by) become a last ``scale``
+  of its bias's and its weight's state entries, each copied first if anything
+  else reads it (the same values: ``beta * b`` is ``b * beta``, and
+  ``alpha * (x @ w)`` is ``x @ (w * alpha)`` exactly for the drawn ±powers of
+  two). A zero scalar is left alone.
 - ``static_inputs``: ``ops``, ``types`` (optional: only layers of these
   types); a method holding a node of those ops (control-flow bodies
   included) is exported at its example shapes: its inputs' ``dynamic`` dims
@@ -266,50 +274,72 @@ def _state_apart_from_control_flow(spec: dict, rule: dict) -> int:
     return changed
 
 
+def _gemm_scalars_into_weights(spec: dict, rule: dict) -> int:
+    changed = 0
+    for node in _nodes_of(spec, rule["ops"]):
+        attrs = node.get("attrs", {})
+        for scalar, ref in (("beta", "bias_state"), ("alpha", "state")):
+            holder = attrs if ref == "bias_state" else node
+            name, factor = holder.get(ref), attrs.get(scalar)
+            if not name or factor in (None, 0, 1) or spec["state"][name]["kind"] != "weight":
+                continue
+            readers = sum(name in state_refs(other) for _, other in all_nodes(spec))
+            if readers > 1 or node.get("state") == attrs.get("bias_state"):
+                name = holder[ref] = _copy_entry(spec, name)
+            spec["state"][name].setdefault("parametrizations", []).append({"type": "scale", "factor": factor})
+            del attrs[scalar]
+            changed += 1
+    return changed
+
+
 def _merge_repeated_scales(spec: dict, rule: dict) -> int:
     changed = 0
     for entry in spec["state"].values():
         steps = entry.get("parametrizations", [])
-        segments: list[list[int]] = []      # indices of the scales of one tensor between non-commuting steps
-        open_segment: dict[str, list[int]] = {}
+        # Per tensor, runs of multiplying steps (scale, buffer_scale) between non-commuting ones.
+        runs: list[list[int]] = []
+        open_run: dict[str, list[int]] = {}
         for index, step in enumerate(steps):
             target = step.get("on", "weight")
-            if step["type"] == "scale":
-                if target not in open_segment:
-                    open_segment[target] = []
-                    segments.append(open_segment[target])
-                open_segment[target].append(index)
-            elif step["type"] != "buffer_scale":
-                open_segment.pop(target, None)
-        merged_away: set[int] = set()
-        products: dict[int, float] = {}
-        for segment in segments:
-            factors = [steps[index]["factor"] for index in segment]
-            if len(segment) < 2 or (len(set(factors)) == len(factors) and not rule.get("every_chain")):
+            if step["type"] in ("scale", "buffer_scale"):
+                if target not in open_run:
+                    open_run[target] = []
+                    runs.append(open_run[target])
+                open_run[target].append(index)
+            else:
+                open_run.pop(target, None)
+        replaced: dict[int, dict | None] = {}
+        for run in runs:
+            scales = [index for index in run if steps[index]["type"] == "scale"]
+            buffers = [index for index in run if steps[index]["type"] == "buffer_scale"]
+            factors = [steps[index]["factor"] for index in scales]
+            if not rule.get("every_chain"):
+                buffers = []
+                if len(scales) < 2 or len(set(factors)) == len(factors):
+                    continue
+            elif not scales or len(scales) + len(buffers) < 2:
                 continue
             product = 1.0
             for factor in factors:
                 product *= factor
-            products[segment[0]] = product
-            merged_away.update(segment[1:])
-        if not products:
+            replaced.update(dict.fromkeys(scales))
+            if buffers:
+                first = {key: value for key, value in steps[buffers[0]].items() if key != "factor"}
+                factor = steps[buffers[0]].get("factor", 1.0) * product
+                replaced[buffers[0]] = {**first, "factor": factor} if factor != 1.0 else first
+            elif product != 1.0:
+                replaced[scales[0]] = {**steps[scales[0]], "factor": product}
+        if not replaced:
             continue
-        kept = []
-        for index, step in enumerate(steps):
-            if index in merged_away:
-                continue
-            if index in products:
-                if products[index] == 1.0:
-                    continue
-                step = {**step, "factor": products[index]}
-            kept.append(step)
-        entry["parametrizations"] = kept
+        entry["parametrizations"] = [replaced.get(index, step) for index, step in enumerate(steps)
+                                     if replaced.get(index, step) is not None]
         changed += 1
     return changed
 
 
 REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "merge_repeated_scales": _merge_repeated_scales,
+    "gemm_scalars_into_weights": _gemm_scalars_into_weights,
     "bias_of_its_own": _bias_of_its_own,
     "bias_per_use": _bias_per_use,
     "quantize_folded_weights": _quantize_folded_weights,

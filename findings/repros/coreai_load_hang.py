@@ -8,8 +8,10 @@ absent or a scalar) with the stock Core AI recipe, writes the delegate's
 bundle out of the named data, and loads it with ``AIModelAsset.executable()``
 in a child process limited to 4 GB of address space and LOAD_SECONDS. The
 controls (one factor; distinct factors; the input scaled by a factor of a
-one-step chain) load in well under a second. Exits 1 if a chain that shares
-a factor does not load.
+one-step chain) load in well under a second. Then two GEMMs, one weight
+scaled by f and another's bias multiplied by a buffer then by g: with f == g
+the bundle does not load; the buffer stored already multiplied by g loads.
+Exits 1 if a chain that shares a factor does not load.
 
 Observed: the load does not return (no error); left alone, memory grows
 steadily (13 GB after about five minutes in one run).
@@ -61,9 +63,30 @@ class Scaled(torch.nn.Module):
         return scaled_input + value.sum()
 
 
-# (factors of p's chain, the input's factor)
+class ScaledBiases(torch.nn.Module):
+    """Two GEMMs: ``addmm(b, x, q * f)`` and ``addmm(p * buf * g, x, w)``,
+    ``buf`` a buffer: a chain of a tensor and a scalar multiplication."""
+
+    def __init__(self, f, g, buffer_factor=1.0):
+        super().__init__()
+        self.q = torch.nn.Parameter(torch.linspace(-2.0, 1.0, 36).reshape(3, 12))
+        self.b = torch.nn.Parameter(torch.linspace(-1.0, 2.0, 12))
+        self.p = torch.nn.Parameter(torch.linspace(-1.0, 1.0, 14).reshape(1, 14))
+        self.w = torch.nn.Parameter(torch.linspace(-1.0, 2.0, 28).reshape(2, 14))
+        self.register_buffer("buf", torch.linspace(0.5, 1.5, 14).reshape(1, 14) * buffer_factor)
+        self.f, self.g = f, g
+
+    def forward(self, x):
+        weight = self.q if self.f is None else self.q * self.f
+        bias = self.p * self.buf if self.g is None else self.p * self.buf * self.g
+        return torch.addmm(self.b, x[:, :3], weight), torch.addmm(bias, x[:, :2], self.w)
+
+
+# (factors of p's chain, the input's factor); then ScaledBiases(f, g, buffer_factor)
 CONTROLS = (((-1.0,), None), ((2.0, 3.0), None), ((0.5, 2.0), None), ((0.5,), 2.0))
 SHARED = (((-1.0, -1.0), None), ((2.0, 0.5, 2.0), None), ((0.5, 2.0), 2.0))
+BIAS_CONTROLS = ((None, -2.0, 1.0), (-2.0, 3.0, 1.0), (-2.0, None, -2.0))
+BIAS_SHARED = ((-2.0, -2.0, 1.0),)
 
 
 def bundle(module: torch.nn.Module, out: Path) -> Path:
@@ -108,6 +131,13 @@ def main() -> int:
         shown = f"p * {' * '.join(map(str, factors))}" + (f" beside x * {input_factor}" if input_factor else "")
         print(f"{shown}: {result}")
         if (factors, input_factor) in SHARED and not result.startswith("loaded"):
+            stuck.append(shown)
+    for f, g, buffer_factor in BIAS_CONTROLS + BIAS_SHARED:
+        result = load(bundle(ScaledBiases(f, g, buffer_factor), out / f"biases_{f}_{g}_{buffer_factor}"))
+        shown = (f"addmm(b, x, q * {f}) beside addmm(p * buf * {g}, x, w)"
+                 + (f" with buf stored times {buffer_factor}" if buffer_factor != 1.0 else ""))
+        print(f"{shown}: {result}")
+        if (f, g, buffer_factor) in BIAS_SHARED and not result.startswith("loaded"):
             stuck.append(shown)
     if not stuck:
         return 0
