@@ -56,3 +56,56 @@ def broken_flow():
 
     flows.load_flow_module(str(Path(__file__).parent / "fixtures" / "broken_flows.py"))
     return flows.get("test-broken-weights")
+
+
+class ScriptRunner:
+    """Runs standalone scripts as ``python -I script`` would, each in a fork
+    of one warm interpreter (tests/script_server.py): the same verdicts, about
+    20 s less per script."""
+
+    def __init__(self, log_dir):
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        self._log = Path(log_dir) / "script_server.log"
+        self._server = subprocess.Popen(
+            [sys.executable, "-I", str(Path(__file__).with_name("script_server.py"))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log.open("w"), text=True)
+        self._reply()
+
+    def _reply(self) -> dict:
+        import json
+
+        line = self._server.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the script server stopped: {self._log.read_text()[-2000:]}")
+        return json.loads(line)
+
+    def run(self, script, cwd, timeout: float = 600):
+        """A CompletedProcess for ``script`` run in ``cwd``; TimeoutExpired
+        after ``timeout`` seconds, as subprocess.run would raise."""
+        import json
+        import subprocess
+        from pathlib import Path
+
+        out, err = Path(cwd) / f"{Path(script).name}.stdout", Path(cwd) / f"{Path(script).name}.stderr"
+        request = {"script": str(script), "cwd": str(cwd), "stdout": str(out), "stderr": str(err),
+                   "timeout": timeout}
+        self._server.stdin.write(json.dumps(request) + "\n")
+        self._server.stdin.flush()
+        reply = self._reply()
+        if reply.get("timed_out"):
+            raise subprocess.TimeoutExpired([str(script)], timeout)
+        return subprocess.CompletedProcess([str(script)], reply["returncode"], out.read_text(), err.read_text())
+
+    def close(self) -> None:
+        self._server.stdin.close()
+        self._server.wait(timeout=60)
+
+
+@pytest.fixture(scope="session")
+def script_runner(tmp_path_factory):
+    runner = ScriptRunner(tmp_path_factory.mktemp("script_server"))
+    yield runner
+    runner.close()

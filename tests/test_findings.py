@@ -59,6 +59,35 @@ def _run_script(path, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-I", str(path)], capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
+@pytest.mark.parametrize("body", [
+    "print('judged'); sys.exit(3)",
+    "raise ValueError('no verdict')",
+    "import os; os.abort()",
+    "import os; print(os.getcwd(), sys.flags.isolated, sys.argv[0].endswith('script.py'), __name__)",
+    "print(sys.stdin.read() == '')",
+], ids=["exit code", "uncaught exception", "killed by a signal", "cwd, flags, argv, name", "stdin"])
+def test_the_warm_script_runner_reports_what_a_fresh_interpreter_reports(script_runner, tmp_path, body):
+    """The standalone scripts run in forks of a warm interpreter: each must end
+    with the return code, output and surroundings ``python -I`` gives it."""
+    script = tmp_path / "script.py"
+    script.write_text(f"import sys\n{body}\n")
+    fresh = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, cwd=tmp_path,
+                           stdin=subprocess.DEVNULL, timeout=60)
+    warm = script_runner.run(script, tmp_path)
+    assert (warm.returncode, warm.stdout) == (fresh.returncode, fresh.stdout)
+    assert warm.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:]
+
+
+def test_the_warm_script_runner_stops_a_script_at_its_timeout(script_runner, tmp_path):
+    script = tmp_path / "slow.py"
+    script.write_text("import time\ntime.sleep(30)\n")
+    with pytest.raises(subprocess.TimeoutExpired):
+        script_runner.run(script, tmp_path, timeout=1)
+    quick = tmp_path / "quick.py"
+    quick.write_text("print('after')\n")
+    assert script_runner.run(quick, tmp_path).stdout == "after\n", "the runner serves on after a timeout"
+
+
 @pytest.fixture(scope="module")
 def replay_session(tmp_path_factory):
     """One isolated worker per test process replays every spec repro, as the
@@ -70,15 +99,16 @@ def replay_session(tmp_path_factory):
 
 @pytest.mark.parametrize("finding", [f for f in FINDINGS if f.id not in REPLAYED_ELSEWHERE],
                          ids=lambda f: f.id)
-def test_finding_still_reproduces_its_own_symptom(finding, tmp_path, replay_session, capsys):
+def test_finding_still_reproduces_its_own_symptom(finding, tmp_path, replay_session, script_runner, capsys):
     """A strict known failure: the repro must fail with the finding's own
     outcome and message (any other failure, an import error or a missing name,
     fails this test), and once the defect is fixed this test fails too, so the
     finding gets retired. A spec repro is replayed as its ``--script`` script
     replays it (through etprop: every oracle of its property, attribution by
     neutralizing the finding's cause) and by the ``--standalone`` script made
-    from it (torch and executorch, expected values embedded), which must reach
-    the same verdict. A script repro must exit 1, with no exception but the
+    from it (torch and executorch, expected values embedded; run in a fork of
+    a warm interpreter, see tests/script_server.py), which must reach the
+    same verdict. A script repro must exit 1, with no exception but the
     AssertionError that shows the symptom."""
     spec_repro = finding.repro_path.with_suffix(".json")
     if spec_repro.exists():
@@ -100,7 +130,7 @@ def test_finding_still_reproduces_its_own_symptom(finding, tmp_path, replay_sess
         if finding.status == "confirmed":
             assert f"(known finding {finding.id})" in completed.stdout, \
                 f"neutralizing {finding.id}'s cause did not make its own repro pass:\n{completed.stdout[-1500:]}"
-        alone = _run_script(standalone, tmp_path)
+        alone = script_runner.run(standalone, tmp_path)
         verdict = "crash" if alone.returncode < 0 else next(
             (line.split(":")[1].strip() for line in alone.stdout.splitlines() if line.startswith("VERDICT:")), None)
         if finding.outcome in STANDALONE_JUDGES:
