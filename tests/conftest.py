@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from etprop.program.spec import FORMAT
@@ -50,8 +55,6 @@ def make_linear_relu_spec():
 @pytest.fixture(scope="session")
 def broken_flow():
     """Registers (once) the flows defined in tests/fixtures/broken_flows.py."""
-    from pathlib import Path
-
     from etprop import flows
 
     flows.load_flow_module(str(Path(__file__).parent / "fixtures" / "broken_flows.py"))
@@ -64,19 +67,14 @@ class ScriptRunner:
     20 s less per script."""
 
     def __init__(self, log_dir):
-        import subprocess
-        import sys
-        from pathlib import Path
-
         self._log = Path(log_dir) / "script_server.log"
+        self._log_file = self._log.open("w")
         self._server = subprocess.Popen(
             [sys.executable, "-I", str(Path(__file__).with_name("script_server.py"))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log.open("w"), text=True)
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file, text=True)
         self._reply()
 
     def _reply(self) -> dict:
-        import json
-
         line = self._server.stdout.readline()
         if not line:
             raise RuntimeError(f"the script server stopped: {self._log.read_text()[-2000:]}")
@@ -85,10 +83,6 @@ class ScriptRunner:
     def run(self, script, cwd, timeout: float = 600):
         """A CompletedProcess for ``script`` run in ``cwd``; TimeoutExpired
         after ``timeout`` seconds, as subprocess.run would raise."""
-        import json
-        import subprocess
-        from pathlib import Path
-
         out, err = Path(cwd) / f"{Path(script).name}.stdout", Path(cwd) / f"{Path(script).name}.stderr"
         request = {"script": str(script), "cwd": str(cwd), "stdout": str(out), "stderr": str(err),
                    "timeout": timeout}
@@ -102,6 +96,7 @@ class ScriptRunner:
     def close(self) -> None:
         self._server.stdin.close()
         self._server.wait(timeout=60)
+        self._log_file.close()
 
 
 @pytest.fixture(scope="session")

@@ -970,8 +970,8 @@ def test_the_campaigns_core_ai_memory_crash_passes_with_repeated_scales_merged(s
     itself takes 90 s and 8 GiB, so it is shown in the finding's note, not
     here): the neutralized program runs on Core AI and matches. The second
     program scales a weight by 0.5 then 2.0 beside a softplus with beta 2;
-    the third scales a bias by -1, then by its GEMM's beta 2.0, beside a
-    weight scaled by -1; the fourth multiplies a bias by a buffer, then by
+    the third multiplies a bias by a buffer, by -1, then by its GEMM's beta
+    2.0, beside a weight scaled by -1; the fourth multiplies a bias by a buffer, then by
     -2, beside a weight scaled by -2."""
     from pathlib import Path
 

@@ -250,8 +250,8 @@ class _AddDelta(nn.Module):
 
 class _BufferScale(nn.Module):
     """A buffer as one source of the computed weight. ``factor``: the buffer
-    stored already multiplied by a scale that followed it (a neutralization's
-    equivalent form: exact for ±powers of two)."""
+    stored already multiplied by the scales of its run of multiplications (a
+    neutralization's equivalent form: exact for ±powers of two)."""
 
     def __init__(self, shape, seed, factor=1.0):
         super().__init__()
