@@ -16,6 +16,7 @@ from etprop.program.spec import FORMAT
 from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
 from etprop.strategies.ops import DRAWERS, _unary, _weight
 from etprop.strategies.programs import draw_body, finish_method, input_values
+from etprop.strategies.sizes import slot_count
 
 KINDS = ("cond", "map", "scan", "while_loop")
 
@@ -115,8 +116,8 @@ def control_flow_programs(draw, max_nodes: int = 10, kinds: tuple = KINDS):
     program = ProgramDraft()
     graph = GraphDraft(program, draw(input_values(program, count=draw(st.integers(1, 2)), rank=2)))
     drawers = [d for d in DRAWERS if d[0] in ("relu", "tanh", "linear", "add", "mul", "sum", "softmax")]
-    draw_body(draw, graph, draw(st.integers(0, max_nodes // 2), ), drawers + [("square_gemm", draw_square_gemm)])
+    draw_body(draw, graph, slot_count(draw, 0, max_nodes // 2), drawers + [("square_gemm", draw_square_gemm)])
     for _ in range(draw(st.integers(1, 2))):
         add_control_flow(draw, graph)
-    draw_body(draw, graph, draw(st.integers(0, max_nodes // 2)), drawers)
+    draw_body(draw, graph, slot_count(draw, 0, max_nodes // 2), drawers)
     return {"format": FORMAT, "state": program.state, "methods": {"forward": finish_method(graph)}}

@@ -14,6 +14,7 @@ from etprop.program.quantize import SCHEMES
 from etprop.program.spec import FORMAT, QUANTIZED_FORMAT, all_nodes
 from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
 from etprop.strategies.ops import DRAWERS, GEMM_DRAWERS
+from etprop.strategies.sizes import slot_count
 
 
 @st.composite
@@ -69,7 +70,7 @@ def finish_method(graph: GraphDraft) -> dict:
 def method_body(draw, program: ProgramDraft, min_nodes: int, max_nodes: int, drawers=DRAWERS,
                 inputs: list[Value] | None = None):
     graph = GraphDraft(program, inputs or draw(input_values(program)))
-    draw_body(draw, graph, draw(st.integers(min_nodes, max_nodes)), drawers)
+    draw_body(draw, graph, slot_count(draw, min_nodes, max_nodes), drawers)
     return finish_method(graph)
 
 

@@ -2,6 +2,8 @@
 and every strategy family draws programs torch.export accepts."""
 
 import json
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,6 +13,7 @@ from etprop.program import builder
 from etprop.lowering import pipeline
 from etprop.program import spec as specmod
 from etprop.errors import UsageError
+from etprop.strategies import sizes
 from etprop.strategies.programs import computed_weight_programs, programs
 
 
@@ -178,3 +181,52 @@ def test_two_pass_norms_in_half_precision_do_not_overflow():
         [got] = rewritten.eager("forward", [wide])
         assert got.dtype == torch.float16 and bool(torch.isfinite(got).all()), layer_type
         torch.testing.assert_close(got, expected, rtol=0, atol=2e-2)
+
+
+@pytest.fixture
+def campaign_sizes():
+    sizes.use_campaign_sizes(True)
+    yield
+    sizes.use_campaign_sizes(False)
+
+
+@pytest.mark.parametrize("low, high, expected", [(6, 32, (19, 64)), (1, 16, (9, 32)), (0, 5, (8, 16))])
+def test_a_campaign_draws_from_the_upper_half_to_twice_the_top(low, high, expected):
+    assert sizes.campaign_range(low, high) == expected
+
+
+def test_campaign_programs_are_bigger_and_ci_draws_are_unchanged(campaign_sizes):
+    """The same derandomized draws with and without campaign sizes: the
+    campaign's programs are much bigger, and switching back gives CI the same
+    programs each time."""
+    def drawn(count):
+        found = []
+
+        @settings(max_examples=count, deadline=None, database=None, derandomize=True)
+        @given(spec=programs(min_nodes=6, max_nodes=32))
+        def collect(spec):
+            found.append(spec)
+        collect()
+        return found
+
+    campaign = drawn(30)
+    sizes.use_campaign_sizes(False)
+    ci, ci_again = drawn(30), drawn(30)
+    assert ci == ci_again
+    assert mean_ops(campaign) > 1.5 * mean_ops(ci)
+
+
+def mean_ops(specs):
+    return sum(specmod.count_ops(spec) for spec in specs) / len(specs)
+
+
+def test_the_plugin_gives_fuzz_profiles_campaign_sizes(tmp_path):
+    (tmp_path / "test_probe.py").write_text(
+        "from etprop.strategies import sizes\n"
+        "def test_probe():\n"
+        "    print('CAMPAIGN', sizes._campaign)\n")
+    for profile, expected in [("fuzz", True), ("fuzz-noshrink", True), ("ci", False), ("dev", False)]:
+        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
+                                 "--etprop-profile", profile, "--etprop-artifacts", str(tmp_path / "artifacts"),
+                                 "test_probe.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        assert f"CAMPAIGN {expected}" in result.stdout, result.stdout + result.stderr

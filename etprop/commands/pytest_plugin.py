@@ -28,6 +28,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 
+from etprop.strategies import sizes
+
 OPTIONS = {
     "flows": "ETPROP_FLOWS",
     "flow_module": "ETPROP_FLOW_MODULE",
@@ -99,6 +101,7 @@ def pytest_configure(config):
     settings.load_profile(profile)
     global ACTIVE_PROFILE
     ACTIVE_PROFILE = profile
+    sizes.use_campaign_sizes(profile.startswith("fuzz"))
     module = option(config, "flow_module")
     if module:
         from etprop import flows

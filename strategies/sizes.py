@@ -1,0 +1,36 @@
+"""How many node slots a drawn graph gets.
+
+A lowering costs about a second plus a little per op, so a campaign buys more
+checking per second with bigger programs. The properties name the ranges CI's
+deterministic profile draws from; a campaign (the ``fuzz`` profiles) shifts
+each range up: from its midpoint to twice its top. Campaign failures are
+made small by the spec shrinker, which deletes nodes regardless of these
+ranges, so bigger draws do not cost bigger repros.
+"""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+_campaign = False
+# A campaign's range never starts below 8 slots nor ends below 16, so the
+# small top-level graphs around control flow grow too.
+CAMPAIGN_MIN_LOW, CAMPAIGN_MIN_HIGH = 8, 16
+
+
+def use_campaign_sizes(enabled: bool) -> None:
+    """Set by the pytest plugin from the active Hypothesis profile."""
+    global _campaign
+    _campaign = enabled
+
+
+def campaign_range(low: int, high: int) -> tuple[int, int]:
+    """The slot range a campaign draws for a property's ``low``..``high``."""
+    return max(low, (low + high + 1) // 2, CAMPAIGN_MIN_LOW), max(2 * high, CAMPAIGN_MIN_HIGH)
+
+
+def slot_count(draw, low: int, high: int) -> int:
+    """Draw how many node slots a graph gets (each slot may stay empty)."""
+    if _campaign:
+        low, high = campaign_range(low, high)
+    return draw(st.integers(low, high))
