@@ -47,6 +47,7 @@ def drawn(strategy, count: int, seed: int) -> list[dict]:
     from hypothesis import seed as seeded
 
     from etprop.strategies.reproducible import draws_independent_of_imported_source
+    from etprop.strategies.sizes import property_ranges
 
     specs: list[dict] = []
 
@@ -56,7 +57,7 @@ def drawn(strategy, count: int, seed: int) -> list[dict]:
     def collect(spec):
         specs.append(spec)
 
-    with draws_independent_of_imported_source():
+    with draws_independent_of_imported_source(), property_ranges():
         collect()
     return specs[:count]
 

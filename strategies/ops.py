@@ -8,6 +8,7 @@ do not filter: constraints are built into the ranges they draw from.
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, Optional
 
 from hypothesis import strategies as st
@@ -219,6 +220,40 @@ def draw_matmul(draw, g):
     return g.add("matmul", [x], state=_weight(draw, g, shape))
 
 
+
+_TWINNABLE = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm", "matmul")
+
+
+def _twin_state(g: GraphDraft, name: str) -> str:
+    """A new state entry configured like ``name``, with values of its own."""
+    entry = copy.deepcopy(g.program.state[name])
+    entry.pop("seed", None)
+    return g.program.add_state("l" if entry["kind"] == "layer" else "w", entry)
+
+
+def draw_parallel_twins(draw, g):
+    """Two GEMMs of one configuration side by side on one input, each with its
+    own parameters, then combined (Q/K/V projections, a gated MLP's branches):
+    where a backend could read one weight for its same-shaped twin. The
+    combinations are the ones that show such a swap (not a sum or product)."""
+    _, drawer = draw(st.sampled_from([d for d in DRAWERS if d[0] in _TWINNABLE]))
+    first = drawer(draw, g)
+    if first is None:
+        return None
+    node = copy.deepcopy(g.nodes[-1])
+    node["id"] = g.program.fresh("v")
+    node["state"] = _twin_state(g, node["state"])
+    if "bias_state" in node.get("attrs", {}):
+        node["attrs"]["bias_state"] = _twin_state(g, node["attrs"]["bias_state"])
+    by_name = {v.name: v for v in g.values}
+    second = g.add_node(node, [by_name[a] for a in node["args"]], first.shape)
+    how = draw(st.sampled_from(["sub", "gated", "cat"]))
+    if how == "gated":
+        return g.add("mul", [g.add("silu", [first]), second])
+    if how == "cat":
+        return g.add("cat", [first, second], {"dim": -1})
+    return g.add("sub", [first, second])
+
 # -- elementwise, activations ------------------------------------------------------
 
 def _unary(op: str, **kw_strategies) -> Drawer:
@@ -255,6 +290,9 @@ def _binary(op: str, **kw_strategies) -> Drawer:
         if source == "value":
             other = g.pick(draw, lambda v: v.name != x.name and _broadcastable(x.shape, v.shape)
                            and len(v.shape) <= len(x.shape))
+            if other is not None and op == "div":
+                # A divisor kept within [1/e, e]: exp(tanh(.)) of the value.
+                other = g.add("exp_bounded", [other])
             if other is not None:
                 return g.add(op, [x, other], attrs)
         if source == "scalar" and op not in ("maximum", "minimum"):
@@ -264,7 +302,7 @@ def _binary(op: str, **kw_strategies) -> Drawer:
         kind = draw(st.sampled_from(["parameter", "buffer", "constant"]))
         entry = {"kind": kind, "shape": shape, "scale": 1.0}
         if op == "div":
-            entry["scale"] = 1.0
+            entry["min_abs"] = 0.5
         return g.add(op, [x], attrs, state=g.program.add_state(kind[0], entry))
     return draw_binary
 
@@ -533,6 +571,7 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("add", _binary("add", alpha=st.sampled_from([2.0, -1.0, 0.5]))),
     ("sub", _binary("sub", alpha=st.sampled_from([2.0, -1.0, 0.5]))),
     ("mul", _binary("mul")),
+    ("div", _binary("div", rounding_mode=st.sampled_from(["trunc", "floor"]))),
     ("maximum", _binary("maximum")),
     ("minimum", _binary("minimum")),
     ("linear", draw_linear),
@@ -544,6 +583,7 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("mm", draw_mm),
     ("bmm", draw_bmm),
     ("matmul", draw_matmul),
+    ("parallel_twins", draw_parallel_twins),
     ("sum", _reduction("sum")),
     ("mean", _reduction("mean")),
     ("amax", _reduction("amax")),
@@ -573,4 +613,4 @@ DRAWERS: list[tuple[str, Drawer]] = [
 ]
 GEMM_DRAWERS = [d for d in DRAWERS if d[0] in
                 ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm",
-                 "matmul")]
+                 "matmul", "parallel_twins")]

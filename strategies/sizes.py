@@ -10,6 +10,8 @@ ranges, so bigger draws do not cost bigger repros.
 
 from __future__ import annotations
 
+import contextlib
+
 from hypothesis import strategies as st
 
 _campaign = False
@@ -22,6 +24,18 @@ def use_campaign_sizes(enabled: bool) -> None:
     """Set by the pytest plugin from the active Hypothesis profile."""
     global _campaign
     _campaign = enabled
+
+
+@contextlib.contextmanager
+def property_ranges():
+    """Draw from the ranges the properties name, campaign or not: the coverage
+    corpus is one set of programs for CI, campaigns and the gate alike."""
+    global _campaign
+    saved, _campaign = _campaign, False
+    try:
+        yield
+    finally:
+        _campaign = saved
 
 
 def campaign_range(low: int, high: int) -> tuple[int, int]:

@@ -4,6 +4,7 @@ needs, and a mutant is killed only through the suite's own oracle."""
 
 import json
 
+import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -168,3 +169,60 @@ def test_a_mutant_whose_reference_cannot_run_survives_and_the_score_goes_on(tmp_
     rows = {row["mutant"].name: row["status"] for row in score(
         entries, [Mutant("relu", "relative", "leaky_relu"), Mutant("sub", "swap_operands")], None)}
     assert rows == {"relu relative leaky_relu": "survived", "sub swap_operands": "killed"}
+
+
+@st.composite
+def _twin_programs(draw):
+    from etprop.strategies.graph import ProgramDraft
+    from etprop.strategies.ops import draw_parallel_twins
+    from etprop.strategies.programs import _spec, method_body
+
+    program = ProgramDraft(dtype="float32")
+    body = draw(method_body(program, 1, 1, [("parallel_twins", draw_parallel_twins)]))
+    return _spec(program, {"forward": body})
+
+
+def test_parallel_twins_give_a_gemm_a_twin_whose_swap_shows():
+    """Two GEMMs of one configuration, each with its own parameters, combined
+    so that a backend reading one weight for the other changes the result."""
+    from etprop.program import builder, mutants
+
+    shown = []
+
+    @settings(max_examples=80, derandomize=True, database=None, deadline=None,
+              suppress_health_check=list(HealthCheck))
+    @given(spec=_twin_programs())
+    def check(spec):
+        gemms = [node for _, node in all_nodes(spec) if node.get("state")]
+        if len(gemms) < 2:  # the first GEMM did not fit the input
+            return
+        first, second = gemms[:2]
+        assert first["state"] != second["state"] and first["op"] == second["op"]
+        entries = [{k: v for k, v in spec["state"][node["state"]].items() if k != "seed"} for node in gemms[:2]]
+        assert entries[0] == entries[1]
+        op = f"layer:{entries[0]['type']}" if first["op"] == "layer" else first["op"]
+        (variant,) = list(Mutant(op, "swap_weight").variants(spec))
+        original, swapped = builder.build(spec), builder.build(variant)
+        inputs = original.inputs("forward")
+        before = [t.double() for t in original._wide("forward", inputs, True)]
+        after = [t.double() for t in swapped._wide("forward", inputs, True)]
+        assert any(mutants.visible(a, b, torch.float32) for a, b in zip(before, after))
+        shown.append(op)
+
+    check()
+    assert len(shown) >= 5 and len(set(shown)) >= 2, shown
+
+
+def test_a_drawn_divisor_stays_away_from_zero():
+    from etprop.program import builder
+
+    spec = {"format": FORMAT, "state": {"d": {"kind": "buffer", "shape": [64], "seed": 3, "scale": 1.0,
+                                              "min_abs": 0.5}},
+            "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 64], "dtype": "float32"}],
+                                    "nodes": [{"id": "v0", "op": "div", "args": ["x"], "state": "d",
+                                               "attrs": {"rounding_mode": "floor"}}],
+                                    "outputs": ["v0"]}}}
+    divisor = builder.build(spec).module.d
+    assert divisor.abs().min() >= 0.5 and (divisor < 0).any() and (divisor > 0).any()
+    spec["state"]["d"].pop("min_abs")
+    assert builder.build(spec).module.d.abs().min() < 0.5

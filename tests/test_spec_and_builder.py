@@ -230,3 +230,11 @@ def test_the_plugin_gives_fuzz_profiles_campaign_sizes(tmp_path):
                                  "--etprop-profile", profile, "--etprop-artifacts", str(tmp_path / "artifacts"),
                                  "test_probe.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert f"CAMPAIGN {expected}" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_coverage_pool_is_drawn_at_property_sizes(campaign_sizes):
+    from etprop.strategies.coverage_corpus import drawn
+
+    in_campaign = drawn(programs(min_nodes=6, max_nodes=32), 5, seed=3)
+    sizes.use_campaign_sizes(False)
+    assert in_campaign == drawn(programs(min_nodes=6, max_nodes=32), 5, seed=3)

@@ -35,9 +35,10 @@ from torch._higher_order_ops.while_loop import while_loop as hop_while_loop
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
 
 
-def _randn(shape, seed, scale=1.0):
+def _randn(shape, seed, scale=1.0, min_abs=0.0):
     generator = torch.Generator().manual_seed(seed)
-    return torch.randn(shape, generator=generator) * scale
+    value = torch.randn(shape, generator=generator) * scale
+    return value + torch.where(value < 0, -min_abs, min_abs) if min_abs else value
 
 
 def _nearest_by_index(x, size):
@@ -561,7 +562,8 @@ def _state_lines(name: str, entry: dict, program_dtype: str = "float32") -> list
         if dtype != "float32":
             lines.append(f"self.{name}.to({_dtype_expr(dtype)})")
     else:
-        value = f"_randn({tuple(entry['shape'])!r}, {entry['seed']!r}, {entry.get('scale', 1.0)!r})"
+        value = f"_randn({tuple(entry['shape'])!r}, {entry['seed']!r}, {entry.get('scale', 1.0)!r}" + (
+            f", min_abs={entry['min_abs']!r})" if entry.get("min_abs") else ")")
         if dtype != "float32":
             value += f".to({_dtype_expr(dtype)})"
         if kind == "parameter":
