@@ -221,25 +221,29 @@ def draw_matmul(draw, g):
 
 
 
-_TWINNABLE = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm", "matmul")
+# Ops whose parameters a twin can have: GEMMs, normalization layers, and
+# binary ops with a parameter, buffer or constant operand.
+_TWINNABLE = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm", "matmul",
+              "layer_norm", "batch_norm", "group_norm", "add", "sub", "mul", "div", "maximum", "minimum")
 
 
 def _twin_state(g: GraphDraft, name: str) -> str:
     """A new state entry configured like ``name``, with values of its own."""
     entry = copy.deepcopy(g.program.state[name])
     entry.pop("seed", None)
-    return g.program.add_state("l" if entry["kind"] == "layer" else "w", entry)
+    return g.program.add_state(name.rstrip("0123456789"), entry)
 
 
 def draw_parallel_twins(draw, g):
-    """Two GEMMs of one configuration side by side on one input, each with its
-    own parameters, then combined (Q/K/V projections, a gated MLP's branches):
-    where a backend could read one weight for its same-shaped twin. The
-    combinations are the ones that show such a swap (not a sum or product)."""
+    """Two ops of one configuration side by side on one input, each with its
+    own parameters, then combined (Q/K/V projections, a gated MLP's branches,
+    two norms of one width): where a backend could read one weight for its
+    same-shaped twin. The combinations are the ones that show such a swap
+    (not a sum or product)."""
     _, drawer = draw(st.sampled_from([d for d in DRAWERS if d[0] in _TWINNABLE]))
     first = drawer(draw, g)
-    if first is None:
-        return None
+    if first is None or "state" not in g.nodes[-1]:
+        return first
     node = copy.deepcopy(g.nodes[-1])
     node["id"] = g.program.fresh("v")
     node["state"] = _twin_state(g, node["state"])
