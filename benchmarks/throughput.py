@@ -2,6 +2,8 @@
 
 For a fixed, deterministic sample of drawn programs, per flow:
 - examples per minute and ops per lowering;
+- the cost model: a least-squares fit of seconds per example against its ops
+  (fixed seconds + seconds per op) and the fixed cost's share of the time;
 - where the wall time goes: ExecuTorch (lowering, serialization, runtime
   load/run, Core AI runtime), torch (export, eager and float64 references),
   and etprop itself (drawing aside: build, oracles' own work, repro and
@@ -12,9 +14,11 @@ For a fixed, deterministic sample of drawn programs, per flow:
 Float programs, the same kind of programs PT2E-quantized (quantization
 counts as torch time: export, prepare, calibrate, convert) and windows of real
 architectures (``real_models``, 3 to 30 nodes as the family draws them, not
-``--min-nodes``/``--max-nodes``) are measured apart.
+``--min-nodes``/``--max-nodes``) are measured apart. With ``--campaign-sizes``
+the programs are drawn as a campaign draws them (etprop/strategies/sizes.py,
+from the ranges the ``mixed`` and quantized properties name).
 
-    .venv/bin/python benchmarks/throughput.py [--examples 6] [--flows portable,xnnpack] [--families float,quantized,real_models]
+    .venv/bin/python benchmarks/throughput.py [--examples 6] [--flows portable,xnnpack] [--families float,quantized,real_models] [--campaign-sizes]
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from etprop.verdicts.check import Artifacts, run_example
 from etprop.oracles.sets import SINGLE_FLOW
 from etprop.verdicts.session import Session
 from etprop.program.spec import count_ops
+from etprop.strategies import sizes
 from etprop.strategies.programs import programs, quantized
 from etprop.strategies.reproducible import draws_independent_of_imported_source
 
@@ -60,13 +65,24 @@ def sample_specs(count: int, min_nodes: int, max_nodes: int, family: str = "floa
 def measure_flow(flow, specs, artifacts: Path) -> dict:
     run_example(specs[0], [flow], "bench", SINGLE_FLOW, Artifacts(artifacts / "warmup"))
     stages.SPENT.clear()
-    started = time.perf_counter()
+    seconds = []
     for spec in specs:
+        started = time.perf_counter()
         run_example(spec, [flow], "bench", SINGLE_FLOW, Artifacts(artifacts / "inproc"))
-    wall = time.perf_counter() - started
+        seconds.append(time.perf_counter() - started)
+    wall = sum(seconds)
     executorch, torch_time = stages.SPENT["executorch"], stages.SPENT["torch"]
     return {"wall": wall, "executorch": executorch, "torch": torch_time,
-            "etprop": wall - executorch - torch_time}
+            "etprop": wall - executorch - torch_time, "fit": cost_model([count_ops(s) for s in specs], seconds)}
+
+
+def cost_model(ops: list[int], seconds: list[float]) -> tuple[float, float, float] | None:
+    """Fixed seconds, seconds per op, and the fixed cost's share of the mean
+    example: how much a lowering's fixed cost still dominates at these sizes."""
+    if len(set(ops)) < 2:
+        return None
+    per_op, fixed = statistics.linear_regression(ops, seconds)
+    return fixed, per_op, fixed / statistics.mean(seconds)
 
 
 def measure_isolation(flow, specs, artifacts: Path, repeats: int = 2) -> tuple[float, float]:
@@ -108,15 +124,23 @@ def main() -> None:
     parser.add_argument("--flows", default="")
     parser.add_argument("--no-isolation", action="store_true")
     parser.add_argument("--families", default="float,quantized")
+    parser.add_argument("--campaign-sizes", action="store_true",
+                        help="draw as a campaign does, from the properties' own ranges")
     args = parser.parse_args()
+    if args.campaign_sizes:
+        sizes.use_campaign_sizes(True)
     chosen = [flowreg.get_available(n) for n in args.flows.split(",") if n] or \
         [f for f in flowreg.available_flows() if f.name in ("portable", "xnnpack", "coreai")]
     for family in args.families.split(","):
-        specs = sample_specs(args.examples, args.min_nodes, args.max_nodes, family)
+        low, high = (6, 32) if family == "float" else (4, 24)
+        if not args.campaign_sizes:
+            low, high = args.min_nodes, args.max_nodes
+        specs = sample_specs(args.examples, low, high, family)
         ops = [count_ops(s) for s in specs]
         print(f"{family}: {len(specs)} programs, {statistics.mean(ops):.1f} ops on average "
               f"(min {min(ops)}, max {max(ops)})")
         print(f"{'flow':22} {'ex/min':>7} {'s/ex':>6} {'ExecuTorch':>11} {'torch':>7} {'etprop':>7}"
+              f" {'fixed s':>8} {'s/op':>6} {'fixed share':>12}"
               f" {'isolated s/ex':>14} {'in-proc s/ex':>13} {'isolation':>10}")
         with tempfile.TemporaryDirectory() as tmp:
             for flow in chosen:
@@ -124,6 +148,8 @@ def main() -> None:
                 per = figures["wall"] / len(specs)
                 line = (f"{flow.name:22} {60 / per:7.1f} {per:6.2f} {figures['executorch'] / figures['wall']:10.1%} "
                         f"{figures['torch'] / figures['wall']:7.1%} {figures['etprop'] / figures['wall']:7.1%}")
+                fit = figures["fit"]
+                line += f" {fit[0]:8.2f} {fit[1]:6.3f} {fit[2]:12.1%}" if fit else f" {'-':>8} {'-':>6} {'-':>12}"
                 if not args.no_isolation:
                     isolated, inproc = measure_isolation(flow, specs, Path(tmp) / flow.name)
                     line += f" {isolated:14.2f} {inproc:13.2f} {(isolated - inproc) / inproc:10.1%}"
