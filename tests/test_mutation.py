@@ -81,27 +81,58 @@ def test_a_corpus_kills_visible_mutants_and_calls_invisible_ones_equivalent(tmp_
                     "conv2d ignore_argument stride": "never drawn"}
 
 
-def test_a_mutant_whose_variants_do_not_build_is_told_apart_from_one_without_a_form(tmp_path):
+def test_a_mutant_that_changes_a_shape_is_judged_in_the_shape_the_graph_declares(tmp_path):
     """A slice whose start a backend ignores is longer, and the parameter
-    multiplied into it no longer broadcasts: that survivor's reason is a
-    shape, not an argument left at its default."""
-    spec = {"format": FORMAT, "state": {"p": {"kind": "parameter", "shape": [2], "seed": 1, "scale": 1.0}},
+    multiplied into it no longer broadcasts: written into the buffer of the
+    declared shape, its values still differ, so the mutant is killed. A
+    convolution whose groups a backend ignores cannot even read its weight:
+    that survivor's reason is a shape, not an argument left at its default."""
+    spec = {"format": FORMAT, "state": {"p": {"kind": "parameter", "shape": [2], "seed": 1, "scale": 1.0},
+                                        "w": {"kind": "weight", "shape": [4, 2, 3, 3], "seed": 2, "scale": 0.3}},
             "methods": {"forward": {
-                "inputs": [{"name": "x", "shape": [3, 4], "dtype": "float32"}],
+                "inputs": [{"name": "x", "shape": [3, 4], "dtype": "float32"},
+                           {"name": "y", "shape": [1, 4, 5, 5], "dtype": "float32"}],
                 "nodes": [{"id": "v0", "op": "slice", "args": ["x"],
                            "attrs": {"dim": 1, "start": 1, "end": 3, "step": 1}},
-                          {"id": "v1", "op": "mul", "args": ["v0"], "state": "p"}],
-                "outputs": ["v1"]}}}
+                          {"id": "v1", "op": "mul", "args": ["v0"], "state": "p"},
+                          {"id": "v2", "op": "conv2d", "args": ["y"], "state": "w", "attrs": {"groups": 2}}],
+                "outputs": ["v1", "v2"]}}}
     artifacts = Artifacts(tmp_path)
     example = run_example(spec, [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
     assert example.results[0].outcome.value == "pass"
     finish(example, ["portable"], artifacts)
     entries, _ = load_corpus(tmp_path, None)
     rows = {row["mutant"].name: row for row in score(entries, [Mutant("slice", "ignore_argument", "start"),
-                                                               Mutant("slice", "ignore_argument", "step")], None)}
+                                                               Mutant("slice", "ignore_argument", "step"),
+                                                               Mutant("conv2d", "ignore_argument", "groups")],
+                                                     None)}
     start, step = rows["slice ignore_argument start"], rows["slice ignore_argument step"]
-    assert (start["status"], start["programs"], start["unbuilt"]) == ("never drawn", 1, 1)
+    groups = rows["conv2d ignore_argument groups"]
+    assert start["status"] == "killed"
     assert (step["status"], step["programs"], step["unbuilt"]) == ("never drawn", 1, 0)
+    assert (groups["status"], groups["programs"], groups["unbuilt"]) == ("never drawn", 1, 1)
+
+
+def test_a_fitted_form_writes_the_mutated_result_into_the_declared_shape():
+    from etprop.program import builder
+    from etprop.program.semantic_mutants import node_shapes
+
+    spec = {"format": FORMAT, "state": {}, "methods": {"forward": {
+        "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
+        "nodes": [{"id": "v0", "op": "sum", "args": ["x"], "attrs": {"dim": 1, "keepdim": True}},
+                  {"id": "v1", "op": "add", "args": ["v0", "x"]}],
+        "outputs": ["v1"]}}}
+    built = builder.build(spec)
+    x = built.inputs("forward")
+    assert node_shapes(built, {"forward": x}) == {("forward", "v0"): (2, 1), ("forward", "v1"): (2, 3)}
+    variants = list(Mutant("sum", "other_axis").variants(spec, node_shapes(built, {"forward": x})))
+    fitted = [v for v in variants if "fit_shape" in v["methods"]["forward"]["nodes"][0]["attrs"]]
+    assert len(fitted) == len(variants) // 2
+    (over_rows,) = [v for v in fitted if v["methods"]["forward"]["nodes"][0]["attrs"]["dim"] in (0, -2)]
+    assert over_rows["methods"]["forward"]["nodes"][0]["attrs"]["fit_shape"] == [2, 1]
+    (out,) = builder.build(over_rows).eager("forward", x)
+    column_sums = x[0].sum(dim=0)
+    torch.testing.assert_close(out, column_sums[:2].reshape(2, 1) + x[0])
 
 
 def test_a_stored_output_that_already_has_the_mutants_fault_does_not_kill_it(tmp_path):

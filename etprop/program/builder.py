@@ -41,6 +41,19 @@ def _randn(shape, seed, scale=1.0, min_abs=0.0):
     return value + torch.where(value < 0, -min_abs, min_abs) if min_abs else value
 
 
+def _fit_shape(x, shape):
+    """``x`` written row-major into a buffer of ``shape``: cut where it is
+    longer, zeros where it is shorter (a backend whose op computes another
+    shape than the graph declares; mutation analysis only)."""
+    flat = x.reshape(-1)
+    count = 1
+    for size in shape:
+        count *= size
+    if flat.numel() < count:
+        flat = torch.cat([flat, flat.new_zeros(count - flat.numel())])
+    return flat[:count].reshape(shape)
+
+
 def _nearest_by_index(x, size):
     """F.interpolate(x, size, mode='nearest') as gathers: source index
     floor(dst * in / out) per resized dim (a neutralization's equivalent form)."""

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from etprop.program.spec import all_nodes
-from etprop.program.vocabulary import OPS, family
+from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS, family
 
 REQUIRED = object()  # an argument without a default: no ignore_argument mutant
 
@@ -92,7 +92,7 @@ LAYER_ARGUMENTS: dict[str, dict] = {
 # Node attributes that are operands or neutralizations, not drawn arguments.
 OPERAND_ATTRS = frozenset({"bias_state", "scalar", "two_pass", "layer_norm_two_pass", "separate_bias", "by_index",
                            "input_copy", "by_hand", "antialias_widened", "pad_by_cat", "predicate_keepdim",
-                           "input_via_float64", "output_via_float64", "same_padding_explicit"})
+                           "input_via_float64", "output_via_float64", "same_padding_explicit", "fit_shape"})
 
 # The nearest relative of an op: same signature, another function.
 RELATIVES = {
@@ -135,10 +135,56 @@ class Mutant:
     def applies_to(self, spec: dict) -> bool:
         return bool(_targets(spec, self.op))
 
-    def variants(self, spec: dict) -> Iterator[dict]:
+    def variants(self, spec: dict, shapes: dict | None = None) -> Iterator[dict]:
         """Mutated copies of ``spec``, the preferred first (the caller keeps
-        the first that builds, preferring one whose output shapes are unchanged)."""
-        yield from _VARIANTS[self.kind](self, spec)
+        the first that builds, preferring one whose output shapes are unchanged).
+
+        With ``shapes`` (``node_shapes``), each is followed by its fitted
+        form: every mutated node's result written into a buffer of the shape
+        it had, as a backend fills the output the graph declares whatever it
+        computed. A defect that changes a shape the rest of the program needs
+        is then still a defect in the values."""
+        variants = list(_VARIANTS[self.kind](self, spec))
+        yield from variants
+        for variant in variants if shapes else ():
+            fitted = self._fitted(spec, variant, shapes)
+            if fitted is not None:
+                yield fitted
+
+    def _fitted(self, spec: dict, variant: dict, shapes: dict) -> dict | None:
+        layers = set(_targets(spec, self.op)) if self.op.startswith("layer:") else set()
+        targets = set() if layers else set(_targets(spec, self.op))
+        fitted, changed = copy.deepcopy(variant), False
+        for method, body in fitted["methods"].items():
+            for node in body["nodes"]:
+                target = (method, node["id"]) in targets or (node["op"] == "layer" and node.get("state") in layers)
+                if target and (method, node["id"]) in shapes:
+                    node.setdefault("attrs", {})["fit_shape"] = list(shapes[(method, node["id"])])
+                    changed = True
+        return fitted if changed else None
+
+
+def node_shapes(built, inputs: dict) -> dict:
+    """``(method, node id) -> shape`` of each top-level node, by running
+    ``built`` node by node on ``inputs`` (per method), up to its first
+    control-flow or buffer-writing node."""
+    import torch
+
+    from etprop.program import vocabulary
+
+    shapes = {}
+    for method, body in built.spec["methods"].items():
+        if method not in inputs:
+            continue
+        values = dict(built.namespace, self=built.module)
+        values.update({inp["name"]: value for inp, value in zip(body["inputs"], inputs[method])})
+        with torch.no_grad():
+            for node in body["nodes"]:
+                if node["op"] in CONTROL_FLOW_OPS or node["op"] == "buffer_update":
+                    break
+                values[node["id"]] = eval(vocabulary.render(node, node["args"]), values)
+                shapes[(method, node["id"])] = tuple(values[node["id"]].shape)
+    return shapes
 
 
 def catalogue() -> list[Mutant]:

@@ -162,7 +162,8 @@ def _cat(args, attrs, state):
 
 
 def _slice(args, attrs, state):
-    index = ["slice(None)"] * attrs["dim"] + [f"slice({attrs['start']!r}, {attrs['end']!r}, {attrs['step']!r})"]
+    bounds = f"{attrs.get('start')!r}, {attrs.get('end')!r}, {attrs.get('step', 1)!r}"
+    index = ["slice(None)"] * attrs.get("dim", 0) + [f"slice({bounds})"]
     return f"{args[0]}[{', '.join(index)}]"
 
 
@@ -275,5 +276,11 @@ def family(op: str) -> str:
 
 
 def render(node: dict, args: list[str]) -> str:
+    """``fit_shape`` (set by mutation analysis, never drawn): the result
+    written into a buffer of the shape the unmutated node had."""
     _, renderer = OPS[node["op"]]
-    return renderer(args, node.get("attrs", {}), node.get("state"))
+    attrs = node.get("attrs", {})
+    expression = renderer(args, attrs, node.get("state"))
+    if "fit_shape" in attrs:
+        expression = f"_fit_shape({expression}, {tuple(attrs['fit_shape'])!r})"
+    return expression

@@ -57,6 +57,7 @@ class Program:
         self.inputs = {(method, kind): inputs for method in self.built.methods
                        for kind, inputs in self.built.input_cases(method)}
         self._wide: dict = {}
+        self._shapes: dict | None = None
 
     def wide(self, built, method, kind) -> list:
         return [t.double() if t.is_floating_point() else t
@@ -66,6 +67,21 @@ class Program:
         if (method, kind) not in self._wide:
             self._wide[(method, kind)] = self.wide(self.built, method, kind)
         return self._wide[(method, kind)]
+
+    @property
+    def shapes(self) -> dict:
+        """Each top-level node's shape on the program's first inputs."""
+        if self._shapes is None:
+            from etprop.program.semantic_mutants import node_shapes
+
+            first = {}
+            for (method, _), inputs in self.inputs.items():
+                first.setdefault(method, inputs)
+            try:
+                self._shapes = node_shapes(self.built, first)
+            except Exception:  # no fitted forms then: its shape-changing mutants stay unbuilt
+                self._shapes = {}
+        return self._shapes
 
     def cases(self) -> list[tuple]:
         first = next(iter(self.entry["flows"].values()))
@@ -81,7 +97,7 @@ def mutated(program: Program, mutant, tried: list | None = None) -> tuple[object
     from etprop.program import builder, mutants
 
     best, rank = (None, False), 3
-    for variant in mutant.variants(program.spec):
+    for variant in mutant.variants(program.spec, program.shapes):
         if tried is not None:
             tried.append(variant)
         try:
