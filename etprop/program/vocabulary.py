@@ -181,10 +181,13 @@ _OUT_OF_PLACE = {"add": "(self.{s} + {x})", "mul": "(self.{s} * {x})",
 
 def _state_update(args, attrs, state):
     """In-place update of a buffer; the expression's value is the updated buffer.
-    With ``in_place`` false, the same value without the write (a neutralization)."""
+    With ``in_place`` false, the same value without the write; with
+    ``expand_source``, the value written broadcast to the buffer's shape first
+    (the same values; neutralizations)."""
+    source = f"{args[0]}.expand_as(self.{state})" if attrs.get("expand_source") else args[0]
     if attrs.get("in_place", True):
-        return f"self.{state}.{attrs['how']}_({args[0]})"
-    return _OUT_OF_PLACE[attrs["how"]].format(s=state, x=args[0])
+        return f"self.{state}.{attrs['how']}_({source})"
+    return _OUT_OF_PLACE[attrs["how"]].format(s=state, x=source)
 
 
 # Ops rendered from the node. Families group ops for coverage reports and
