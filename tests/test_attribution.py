@@ -65,6 +65,12 @@ def _repro_spec(name: str) -> dict:
     return json.loads((known_findings.FINDINGS_DIR / "repros" / name).read_text())["spec"]
 
 
+def _fixture_spec(name: str) -> dict:
+    from pathlib import Path
+
+    return json.loads((Path(__file__).parent / "fixtures" / name).read_text())["spec"]
+
+
 def _float_repro_spec(name: str) -> dict:
     """A quantized repro's program without its quantization."""
     spec = _repro_spec(name)
@@ -139,6 +145,9 @@ BROAD = {
     "XNN-019 (layer)": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_layer_same_even_kernel.json")),
     "XNN-030": ("xnnpack", _repro_spec("xnnpack_dynamic_linear_then_conv_shapes.json")),
     "EXIR-007": ("xnnpack+fold", _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")),
+    # Forms a campaign found beside a finding's own repro.
+    "COREAI-016 (adaptive_avg_pool2d)": ("coreai", _fixture_spec("coreai_dynamic_batch_adaptive_avg_pool.json")),
+    "TORCHAO-001 (scan)": ("portable", _fixture_spec("torchao_pt2e_scan_in_while_loop.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 LEADS |= {key for key in BROAD if key.split(" ")[0] in LEADS}
