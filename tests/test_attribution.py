@@ -148,6 +148,7 @@ BROAD = {
     # Forms a campaign found beside a finding's own repro.
     "COREAI-016 (adaptive_avg_pool2d)": ("coreai", _fixture_spec("coreai_dynamic_batch_adaptive_avg_pool.json")),
     "TORCHAO-001 (scan)": ("portable", _fixture_spec("torchao_pt2e_scan_in_while_loop.json")),
+    "XNN-030 (explicit padding)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv_after_explicit_padding.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 LEADS |= {key for key in BROAD if key.split(" ")[0] in LEADS}
@@ -343,6 +344,17 @@ def test_a_transposed_convolution_read_and_written_through_float64_keeps_both_ca
     assert ".double().to(" in rewritten.source and "via_float64=True)" in rewritten.source
     inputs = original.inputs("forward", "normal")
     torch.testing.assert_close(rewritten.eager("forward", inputs), original.eager("forward", inputs), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("padding, marker", [("explicit same", "via_float64=True"), (1, "p0_x1.double()")])
+def test_a_functional_convolution_reading_its_input_through_float64_computes_the_same_values(padding, marker):
+    """XNN-030's neutralization on a functional conv2d: padded or not, what it
+    convolves goes through float64 and back, the same values."""
+    spec = _fixture_spec("xnnpack_dynamic_conv_after_explicit_padding.json")
+    spec["methods"]["forward"]["inputs"][0]["shape"] = [1, 3, 5, 5]
+    if padding != "explicit same":
+        spec["methods"]["forward"]["nodes"][0]["attrs"] = {"padding": padding}
+    _equivalent_form(spec, "XNN-030", marker)
 
 
 @pytest.mark.parametrize("repro", ["xnnpack_dynamic_conv_same_even_kernel.json",

@@ -126,11 +126,12 @@ def _conv_transpose_output_padded(layer, x, by_cat=False, via_float64=False):
     return _output_padded(full, list(layer.padding), list(layer.output_padding), layer.bias, by_cat)
 
 
-def _conv_same_padded_explicitly_functional(x, weight, bias, dilation, groups):
+def _conv_same_padded_explicitly_functional(x, weight, bias, dilation, groups, via_float64=False):
     """A convolution with padding 'same' (stride 1) as the zeros padded on,
     before then after (the odd one after, as PyTorch does), then the
     convolution without padding: the same values (a neutralization's
-    equivalent form)."""
+    equivalent form). ``via_float64``: the padded input read through a cast
+    to float64 and back."""
     dims = weight.dim() - 2
     dilations = [dilation] * dims if isinstance(dilation, int) else list(dilation)
     pads = []
@@ -138,7 +139,10 @@ def _conv_same_padded_explicitly_functional(x, weight, bias, dilation, groups):
         total = d * (k - 1)
         pads += [total // 2, total - total // 2]
     convolve = F.conv1d if dims == 1 else F.conv2d
-    return convolve(F.pad(x, pads), weight, bias, 1, 0, dilations, groups)
+    padded = F.pad(x, pads)
+    if via_float64:
+        padded = padded.double().to(padded.dtype)
+    return convolve(padded, weight, bias, 1, 0, dilations, groups)
 
 
 def _conv_same_padded_explicitly(layer, x):

@@ -115,10 +115,16 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
 
     def render(args, attrs, state):
         bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
+        # ``input_via_float64`` (a convolution): what it convolves, padded or
+        # not, read through a cast to float64 and back (a neutralization).
+        via = not transposed and attrs.get("input_via_float64")
         if not transposed and attrs.get("same_padding_explicit") and attrs.get("padding") == "same":
             # ``same_padding_explicit``: the zeros padded on, then no padding (a neutralization).
             return (f"_conv_same_padded_explicitly_functional({args[0]}, {_weight_ref(state)}, {bias}, "
-                    f"{attrs.get('dilation', 1)!r}, {attrs.get('groups', 1)!r})")
+                    f"{attrs.get('dilation', 1)!r}, {attrs.get('groups', 1)!r}"
+                    + (", via_float64=True)" if via else ")"))
+        if via:
+            args = [f"{args[0]}.double().to({args[0]}.dtype)"] + list(args[1:])
         if transposed and attrs.get("pad_output") and attrs.get("output_padding"):
             # ``pad_output``: the full transposed convolution, cropped by
             # padding and extended by output_padding with zeros, then the bias
