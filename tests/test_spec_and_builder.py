@@ -225,11 +225,16 @@ def test_the_plugin_gives_fuzz_profiles_campaign_sizes(tmp_path):
         "from etprop.strategies import sizes\n"
         "def test_probe():\n"
         "    print('CAMPAIGN', sizes._campaign)\n")
-    for profile, expected in [("fuzz", True), ("fuzz-noshrink", True), ("ci", False), ("dev", False)]:
+    for profile, chosen, expected in [("fuzz", None, True), ("fuzz-noshrink", None, True), ("ci", None, False),
+                                      ("dev", None, False), ("fuzz", "property", False), ("ci", "campaign", True)]:
+        extra = ["--etprop-sizes", chosen] if chosen else []
         result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
                                  "--etprop-profile", profile, "--etprop-artifacts", str(tmp_path / "artifacts"),
-                                 "test_probe.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+                                 *extra, "test_probe.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
         assert f"CAMPAIGN {expected}" in result.stdout, result.stdout + result.stderr
+    wrong = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--etprop-sizes", "huge",
+                            "test_probe.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert wrong.returncode != 0 and "use 'campaign' or 'property'" in wrong.stderr
 
 
 def test_the_coverage_pool_is_drawn_at_property_sizes(campaign_sizes):

@@ -41,6 +41,7 @@ OPTIONS = {
     "seed": "ETPROP_SEED",
     "round": "ETPROP_ROUND",
     "served": "ETPROP_SERVED",
+    "sizes": "ETPROP_SIZES",
 }
 
 
@@ -101,7 +102,10 @@ def pytest_configure(config):
     settings.load_profile(profile)
     global ACTIVE_PROFILE
     ACTIVE_PROFILE = profile
-    sizes.use_campaign_sizes(profile.startswith("fuzz"))
+    drawn_sizes = option(config, "sizes", "campaign" if profile.startswith("fuzz") else "property")
+    if drawn_sizes not in ("campaign", "property"):
+        raise pytest.UsageError(f"ETPROP_SIZES={drawn_sizes!r}: use 'campaign' or 'property'")
+    sizes.use_campaign_sizes(drawn_sizes == "campaign")
     module = option(config, "flow_module")
     if module:
         from etprop import flows
