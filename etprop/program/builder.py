@@ -141,7 +141,7 @@ def _conv_same_padded_explicitly_functional(x, weight, bias, dilation, groups, v
     convolve = F.conv1d if dims == 1 else F.conv2d
     padded = F.pad(x, pads)
     if via_float64:
-        padded = padded.double().to(padded.dtype)
+        padded = padded.to(torch.float64).to(padded.dtype)
     return convolve(padded, weight, bias, 1, 0, dilations, groups)
 
 
