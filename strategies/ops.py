@@ -220,7 +220,6 @@ def draw_matmul(draw, g):
     return g.add("matmul", [x], state=_weight(draw, g, shape))
 
 
-
 # Ops whose parameters a twin can have: GEMMs, normalization layers, and
 # binary ops with a parameter, buffer or constant operand.
 _TWINNABLE = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm", "matmul",
@@ -257,6 +256,7 @@ def draw_parallel_twins(draw, g):
     if how == "cat":
         return g.add("cat", [first, second], {"dim": -1})
     return g.add("sub", [first, second])
+
 
 # -- elementwise, activations ------------------------------------------------------
 
