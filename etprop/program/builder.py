@@ -46,9 +46,7 @@ def _fit_shape(x, shape):
     longer, zeros where it is shorter (a backend whose op computes another
     shape than the graph declares; mutation analysis only)."""
     flat = x.reshape(-1)
-    count = 1
-    for size in shape:
-        count *= size
+    count = torch.Size(shape).numel()
     if flat.numel() < count:
         flat = torch.cat([flat, flat.new_zeros(count - flat.numel())])
     return flat[:count].reshape(shape)

@@ -152,12 +152,14 @@ class Mutant:
                 yield fitted
 
     def _fitted(self, spec: dict, variant: dict, shapes: dict) -> dict | None:
-        layers = set(_targets(spec, self.op)) if self.op.startswith("layer:") else set()
-        targets = set() if layers else set(_targets(spec, self.op))
+        targets = set(_targets(spec, self.op))  # layer state names, or (method, node id) pairs
         fitted, changed = copy.deepcopy(variant), False
         for method, body in fitted["methods"].items():
             for node in body["nodes"]:
-                target = (method, node["id"]) in targets or (node["op"] == "layer" and node.get("state") in layers)
+                if self.op.startswith("layer:"):
+                    target = node["op"] == "layer" and node.get("state") in targets
+                else:
+                    target = (method, node["id"]) in targets
                 if target and (method, node["id"]) in shapes:
                     node.setdefault("attrs", {})["fit_shape"] = list(shapes[(method, node["id"])])
                     changed = True
