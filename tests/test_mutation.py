@@ -135,6 +135,26 @@ def test_a_fitted_form_writes_the_mutated_result_into_the_declared_shape():
     torch.testing.assert_close(out, column_sums[:2].reshape(2, 1) + x[0])
 
 
+def test_a_layer_whose_stride_a_backend_ignores_is_killed_in_its_declared_shape(tmp_path):
+    """A strided convolution layer computed at stride 1 is bigger than the
+    graph declares; its fitted form keeps the declared shape through the
+    jittered reference too, so the stored output kills it."""
+    spec = {"format": FORMAT, "state": {"c": {"kind": "layer", "type": "Conv2d", "seed": 3, "kwargs": {
+                "in_channels": 2, "out_channels": 3, "kernel_size": 3, "stride": 2}}},
+            "methods": {"forward": {
+                "inputs": [{"name": "x", "shape": [1, 2, 7, 7], "dtype": "float32"}],
+                "nodes": [{"id": "v0", "op": "layer", "args": ["x"], "state": "c"},
+                          {"id": "v1", "op": "relu", "args": ["v0"]}],
+                "outputs": ["v1"]}}}
+    artifacts = Artifacts(tmp_path)
+    example = run_example(spec, [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
+    assert example.results[0].outcome.value == "pass"
+    finish(example, ["portable"], artifacts)
+    entries, _ = load_corpus(tmp_path, None)
+    (row,) = score(entries, [Mutant("layer:Conv2d", "ignore_argument", "stride")], None)
+    assert row["status"] == "killed"
+
+
 def test_a_stored_output_that_already_has_the_mutants_fault_does_not_kill_it(tmp_path):
     """The kill is the oracle's verdict on the stored outputs: outputs of a
     lowering that computes the mutated program pass against its reference."""

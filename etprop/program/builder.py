@@ -635,7 +635,14 @@ _EXACT = ("relu", "abs", "neg", "clamp", "hardtanh", "floor", "ceil", "round", "
 
 
 def _jittered_expression(node: dict, expression: str) -> str:
+    """The node's expression with its rounding error widened. A fitted node
+    (``fit_shape``) is jittered in the shape its op computes and then fitted,
+    as the plain build fits it."""
     op, args, attrs = node["op"], node.get("args", []), node.get("attrs", {})
+    if "fit_shape" in attrs:
+        unfitted = {**node, "attrs": {k: v for k, v in attrs.items() if k != "fit_shape"}}
+        inner = _jittered_expression(unfitted, vocabulary.render(unfitted, args))
+        return f"_fit_shape({inner}, {tuple(attrs['fit_shape'])!r})"
     if (op in _EXACT or (op == "buffer_update" and attrs.get("how") == "copy")
             or (op == "interpolate" and attrs.get("mode", "nearest") == "nearest")):
         return expression
