@@ -149,6 +149,9 @@ BROAD = {
     "COREAI-016 (adaptive_avg_pool2d)": ("coreai", _fixture_spec("coreai_dynamic_batch_adaptive_avg_pool.json")),
     "TORCHAO-001 (scan)": ("portable", _fixture_spec("torchao_pt2e_scan_in_while_loop.json")),
     "XNN-030 (explicit padding)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv_after_explicit_padding.json")),
+    "XNN-015": ("xnnpack", _repro_spec("xnnpack_quantized_single_pixel_shared_run_error.json")),
+    "XNN-015b": ("xnnpack", _repro_spec("xnnpack_quantized_single_pixel_shared_pool_averages_channels.json")),
+    "XNN-015 (found form)": ("xnnpack", _fixture_spec("xnnpack_quantized_single_pixel_shared_found_form.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 LEADS |= {key for key in BROAD if key.split(" ")[0] in LEADS}
@@ -367,6 +370,30 @@ def test_same_padding_put_on_explicitly_computes_the_same_values(repro):
 def test_a_convolution_reading_its_input_through_float64_computes_the_same_values():
     """XNN-030's neutralization: the cast to float64 and back before the convolution is exact."""
     _equivalent_form(_repro_spec("xnnpack_dynamic_linear_then_conv_shapes.json"), "XNN-030", ".double().to(")
+
+
+def test_a_shared_single_pixel_value_through_float64_computes_the_same_values():
+    """XNN-015's neutralization: the shared (N, C, 1, 1) value cast to float64 and back is exact."""
+    _equivalent_form(_repro_spec("xnnpack_quantized_single_pixel_shared_pool_averages_channels.json"), "XNN-015",
+                     "v25 = _via_float64(")
+
+
+@pytest.mark.parametrize("change", ["two by one pixels", "read once", "dynamic quantization"])
+def test_the_single_pixel_rewrite_leaves_other_values_alone(change):
+    """XNN-015 needs a quantized value of one pixel that several readers take:
+    a value of two pixels, one read once, or a dynamically quantized program
+    keeps its form."""
+    spec = _repro_spec("xnnpack_quantized_single_pixel_shared_run_error.json")
+    body = spec["methods"]["forward"]
+    if change == "two by one pixels":
+        body["inputs"][0]["shape"] = [1, 7, 4, 1]
+    elif change == "read once":
+        body["outputs"] = body["outputs"][1:]
+    else:
+        spec["quantization"]["scheme"] = "dynamic_per_tensor"
+    rule = list(next(f for f in known_findings.load() if f.id == "XNN-015").neutralize)
+    assert neutralize(spec, rule)[1] == 0
+    assert neutralize(_repro_spec("xnnpack_quantized_single_pixel_shared_run_error.json"), rule)[1] == 1
 
 
 def test_spectral_norm_vectors_held_as_parameters_compute_the_same_values():

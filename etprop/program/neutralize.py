@@ -57,6 +57,11 @@ Rewrites (``{"rewrite": NAME, ...}``):
   types); a method holding a node of those ops (control-flow bodies
   included) is exported at its example shapes: its inputs' ``dynamic`` dims
   are dropped (the same values; only the export's shape guards change).
+- ``shared_single_pixel_via_float64``: ``ops``, ``schemes``; in a program
+  quantized with one of them, a top-level value of those ops, of shape (N, C, 1, 1), that several
+  readers take (a method output counts as one) gets ``output_via_float64``:
+  the same values, through a cast no delegate takes, so no delegate holds
+  that value for several readers.
 - ``quantize_folded_weights``: a quantized program's computed weights are
   stored as their values before quantizing (``fold_computed_weights``): the
   same float program, whose weights PT2E no longer quantizes op by op.
@@ -337,6 +342,42 @@ def _merge_repeated_scales(spec: dict, rule: dict) -> int:
     return changed
 
 
+def _shared_single_pixel_via_float64(spec: dict, rule: dict) -> int:
+    if (spec.get("quantization") or {}).get("scheme") not in rule["schemes"]:
+        return 0
+    shared = {}
+    for method, body in spec["methods"].items():
+        readers: dict[str, int] = {}
+        for node in iter_nodes(body["nodes"]):
+            for arg in node.get("args", []):
+                readers[arg] = readers.get(arg, 0) + 1
+        for output in body["outputs"]:
+            readers[output] = readers.get(output, 0) + 1
+        shared[method] = {name for name, count in readers.items() if count > 1}
+    if not any(shared.values()):
+        return 0
+    from etprop.program import builder
+    from etprop.program.semantic_mutants import node_shapes
+
+    # The float program has the shapes of the quantized one, without running PT2E.
+    # A program whose shapes cannot be computed node by node keeps its form:
+    # its failure is then reported as new, never silenced.
+    try:
+        built = builder.build({key: value for key, value in spec.items() if key != "quantization"}, validate=False)
+        shapes = node_shapes(built, {method: built.inputs(method) for method in spec["methods"]})
+    except Exception:
+        return 0
+    changed = 0
+    for method, body in spec["methods"].items():
+        for node in body["nodes"]:
+            shape = shapes.get((method, node["id"]))
+            if (node["op"] in rule["ops"] and node["id"] in shared[method] and shape and len(shape) == 4
+                    and shape[2:] == (1, 1)):
+                node.setdefault("attrs", {})["output_via_float64"] = True
+                changed += 1
+    return changed
+
+
 REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "merge_repeated_scales": _merge_repeated_scales,
     "gemm_scalars_into_weights": _gemm_scalars_into_weights,
@@ -353,6 +394,7 @@ REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "buffer_update_out_of_place": _buffer_update_out_of_place,
     "state_apart_from_control_flow": _state_apart_from_control_flow,
     "static_inputs": _static_inputs,
+    "shared_single_pixel_via_float64": _shared_single_pixel_via_float64,
 }
 
 

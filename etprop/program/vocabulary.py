@@ -277,6 +277,10 @@ OPS: dict[str, tuple[str, Render]] = {
 
 CONTROL_FLOW_OPS = ("cond", "map", "scan", "while_loop")
 
+# Ops whose renderer places ``output_via_float64`` itself (before an output
+# padding); any other op's result is wrapped whole.
+_OWN_OUTPUT_VIA_FLOAT64 = ("layer", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")
+
 
 def family(op: str) -> str:
     if op in CONTROL_FLOW_OPS:
@@ -286,10 +290,14 @@ def family(op: str) -> str:
 
 def render(node: dict, args: list[str]) -> str:
     """``fit_shape`` (set by mutation analysis, never drawn): the result
-    written into a buffer of the shape the unmutated node had."""
+    written into a buffer of the shape the unmutated node had;
+    ``output_via_float64`` (a neutralization): the result cast to float64 and
+    back."""
     _, renderer = OPS[node["op"]]
     attrs = node.get("attrs", {})
     expression = renderer(args, attrs, node.get("state"))
+    if attrs.get("output_via_float64") and node["op"] not in _OWN_OUTPUT_VIA_FLOAT64:
+        expression = f"_via_float64({expression})"
     if "fit_shape" in attrs:
         expression = f"_fit_shape({expression}, {tuple(attrs['fit_shape'])!r})"
     return expression
