@@ -45,6 +45,20 @@ def test_keys_of_nested_control_flow_and_several_methods():
     assert ("methods", "2", "shared state", "float16") in coverage_space.keys(two)
 
 
+def test_keys_name_the_forms_a_mutant_needs_beyond_its_op():
+    """A linear with a twin weight of its shape can have its weight swapped;
+    an add of two values can have its operands swapped and one dropped."""
+    keys = coverage_space.keys(LINEAR)
+    assert ("add", "swap_operands", "form", "float16") in keys and ("add", "drop_operand", "form", "float16") in keys
+    assert ("linear", "swap_weight", "form", "float16") not in keys
+    twins = json.loads(json.dumps(LINEAR))
+    twins["state"]["w2"] = dict(twins["state"]["w"], seed=5)
+    twins["methods"]["forward"]["nodes"].append({"id": "v3", "op": "linear", "args": ["v2"], "state": "w2"})
+    twins["methods"]["forward"]["outputs"] = ["v3"]
+    assert ("linear", "swap_weight", "form", "float16") in coverage_space.keys(twins)
+    assert coverage_space.key_text(("linear", "swap_weight", "form", "float16")) == "linear swap_weight form [float16]"
+
+
 def test_the_greedy_cover_reaches_every_key_of_its_pool_with_fewer_programs():
     pool = [LEAKY, LINEAR, _program([{"id": "v1", "op": "leaky_relu", "args": ["x"],
                                       "attrs": {"negative_slope": 0.2}}], ["v1"])]
@@ -136,7 +150,7 @@ def test_a_campaign_round_judges_the_next_programs_of_the_corpus_per_flow(tmp_pa
     assert [record["digest"] for record in judged] == [packs[0], specdigest(two_methods), *packs[1:]], \
         "a pack and the multi-method program, then a pack per round, then nothing new"
     assert [(record["property"], record["item"].rsplit("::", 1)[-1], record["share"]) for record in judged[:2]] == [
-        ("coverage", "coverage", 3), ("coverage_multi_method", "coverage_multi_method", 1)]
+        ("coverage", "coverage", test_coverage.SHARES["coverage"]), ("coverage_multi_method", "coverage_multi_method", 1)]
     every = [specdigest(program) for program, _ in coverage.packed(specs, 2)]
     assert sorted(record["digest"] for record in rounds(tmp_path / "shard", 2, "1/2")) == sorted(every[1::2])
 

@@ -12,6 +12,11 @@ A program's keys are tuples ``(op, argument, value, dtype)``:
   (etprop.program.semantic_mutants.ARGUMENTS) set away from its default, the
   value in a class (booleans, strings and small integers as themselves, other
   numbers as their sign, sequences by length);
+- ``(op, kind, "form", dtype)`` where a semantic mutant of that kind
+  (etprop.program.semantic_mutants) needs more than the op to change the
+  program, and the program has it: a twin weight of the same shape
+  (``swap_weight``), a bias or second operand (``drop_operand``), two value
+  operands (``swap_operands``);
 - ``("methods", n, shared, dtype)`` for a program of several methods, with
   whether they share state.
 ``dtype`` is the program's input dtype, or the quantization scheme for a
@@ -22,7 +27,7 @@ from __future__ import annotations
 
 from typing import Iterator
 
-from etprop.program.semantic_mutants import ARGUMENTS, LAYER_ARGUMENTS
+from etprop.program.semantic_mutants import ARGUMENTS, LAYER_ARGUMENTS, Mutant, catalogue
 from etprop.program.vocabulary import CONTROL_FLOW_OPS
 
 Key = tuple[str, str, str, str]
@@ -60,6 +65,19 @@ def _walk(nodes: list[dict], outer: str) -> Iterator[tuple[str, dict]]:
             yield from _walk(body["nodes"], node["op"] if _is_control_flow(node) else outer)
 
 
+# Mutant kinds that need a form beyond the op: a twin weight, a bias or a
+# second operand, two value operands.
+FORM_KINDS = ("swap_weight", "drop_operand", "swap_operands")
+_FORM_MUTANTS: list[Mutant] = []
+
+
+def _mutant_forms(spec: dict, dtype: str) -> set[Key]:
+    if not _FORM_MUTANTS:
+        _FORM_MUTANTS.extend(m for m in catalogue() if m.kind in FORM_KINDS)
+    return {(mutant.op, mutant.kind, "form", dtype) for mutant in _FORM_MUTANTS
+            if mutant.applies_to(spec) and next(mutant.variants(spec), None) is not None}
+
+
 def keys(spec: dict) -> set[Key]:
     dtype = program_dtype(spec)
     found: set[Key] = set()
@@ -80,6 +98,7 @@ def keys(spec: dict) -> set[Key]:
             for name, value in attrs.items():
                 if name in defaults and value != defaults[name]:
                     found.add((op, name, value_class(value), dtype))
+    found |= _mutant_forms(spec, dtype)
     if len(spec["methods"]) > 1:
         used = [{node.get("state") for _, node in _walk(body["nodes"], "")} - {None}
                 for body in spec["methods"].values()]
@@ -91,6 +110,8 @@ def keys(spec: dict) -> set[Key]:
 def key_text(key: Key) -> str:
     """A key as one line of text (campaign records, reports)."""
     op, argument, value, dtype = key
+    if value == "form":
+        return f"{op} {argument} form [{dtype}]"
     return f"{op} {argument}={value} [{dtype}]" if argument else f"{op} [{dtype}]"
 
 

@@ -78,11 +78,13 @@ ARGUMENTS: dict[str, dict] = {
 # Per layer type (the ``layer`` op): keyword argument -> default.
 _CONV_LAYER = {"in_channels": REQUIRED, "out_channels": REQUIRED, "kernel_size": REQUIRED, "stride": 1,
                "padding": 0, "dilation": 1, "groups": 1, "bias": True, "padding_mode": "zeros"}
+_TRANSPOSED_CONV_LAYER = {name: default for name, default in _CONV_LAYER.items() if name != "padding_mode"}
 LAYER_ARGUMENTS: dict[str, dict] = {
     "Linear": {"in_features": REQUIRED, "out_features": REQUIRED, "bias": True},
     "Conv1d": dict(_CONV_LAYER), "Conv2d": dict(_CONV_LAYER),
-    "ConvTranspose1d": {**_CONV_LAYER, "output_padding": 0},
-    "ConvTranspose2d": {**_CONV_LAYER, "output_padding": 0},
+    # PyTorch's transposed convolutions accept no padding mode but zeros.
+    "ConvTranspose1d": {**_TRANSPOSED_CONV_LAYER, "output_padding": 0},
+    "ConvTranspose2d": {**_TRANSPOSED_CONV_LAYER, "output_padding": 0},
     "LayerNorm": {"normalized_shape": REQUIRED, "eps": 1e-5, "elementwise_affine": True, "bias": True},
     "GroupNorm": {"num_groups": REQUIRED, "num_channels": REQUIRED, "eps": 1e-5, "affine": True},
     "BatchNorm1d": {"num_features": REQUIRED, "eps": 1e-5, "affine": True},
