@@ -107,7 +107,10 @@ def draw_linear(draw, g):
     x = g.pick(draw, lambda v: 1 <= v.rank <= 4)
     if x is None:
         return None
-    out = draw(st.integers(1, 16))
+    # Square projections (out = in) are as common in models as any other
+    # width, and the only ones where a backend reading the weight untransposed
+    # still computes something.
+    out = draw(st.one_of(st.just(max(x.shape[-1], 1)), st.integers(1, 16)))
     bias = draw(st.booleans())
     kwargs = {"in_features": x.shape[-1], "out_features": out, "bias": bias}
     if draw(st.booleans()):
