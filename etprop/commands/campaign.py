@@ -228,7 +228,11 @@ class Campaign:
         command += [f"--etprop-examples={per_round}", f"--etprop-round={round_index}"]
         workers = workers or self.workers
         if workers > 1:
-            command += ["-n", str(workers)]
+            # Work stealing: a round's items are sorted by what they are owed,
+            # and xdist's default hands each worker a consecutive block, so the
+            # few long items would queue on one worker and the end of its
+            # block would never start before the deadline.
+            command += ["-n", str(workers), "--dist", "worksteal"]
         if self.properties:
             command += ["-k", self.properties]
         return command
