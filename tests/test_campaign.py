@@ -416,6 +416,18 @@ def test_cores_triage_leaves_idle_explore_until_triage_ends(tmp_path, monkeypatc
     assert run._round == 4 and run._internal_rounds == 0
 
 
+def test_a_round_of_several_workers_steals_work(tmp_path):
+    """Items are sorted by what they are owed; xdist's default hands each
+    worker a consecutive block of them, so a block of long items would starve
+    the items behind it. An idle worker takes work from a busy one instead."""
+    from etprop.commands import campaign
+
+    command = campaign.Campaign(["portable"], 1, 0, 2, (0, 1), tmp_path / "a")._pytest_command(0, 1)
+    assert command[command.index("-n") + 1] == "2" and command[command.index("--dist") + 1] == "worksteal"
+    alone = campaign.Campaign(["portable"], 1, 0, 1, (0, 1), tmp_path / "b")._pytest_command(0, 1)
+    assert "-n" not in alone and "--dist" not in alone
+
+
 def _round_order(monkeypatch, tmp_path, items, round_index, served=None):
     from types import SimpleNamespace
 
