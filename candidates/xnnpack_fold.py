@@ -8,7 +8,9 @@ is left as it is; instead:
 
 * the GEMM configs of :class:`FoldingXnnpackPartitioner` accept a weight or
   bias computed with pure, deterministic ops from parameters, unmutated buffers
-  or constants, when folding it can only shrink the program; they partition
+  or constants, when folding it can only shrink the program (counting the
+  folded weight as the delegate stores it: half precision widened to
+  float32); they partition
   the computation together with the GEMM and tag it with a token that the GEMM
   node also carries;
 * :func:`install_fold` wraps ``XnnpackBackend.preprocess`` (1.5.1 has no hook
@@ -102,6 +104,17 @@ def _nbytes(val) -> int:
     return val.numel() * val.element_size()
 
 
+def _delegate_nbytes(val) -> int:
+    """What the XNNPACK delegate stores for a static weight: half-precision
+    weights are widened to float32 (a float16 Conv2d's weight takes float32's
+    bytes in the .pte), so a folded float16 weight costs twice its own size."""
+    import torch
+
+    if val.dtype in (torch.float16, torch.bfloat16):
+        return val.numel() * 4
+    return _nbytes(val)
+
+
 def _is_external(node) -> bool:
     """Sources tagged for an external data file stay where the tag puts them."""
     custom = node.meta.get("custom") or {}
@@ -141,7 +154,8 @@ def _computation(ep, gemm, root, member=None) -> Optional[list]:
 
     Foldable means: pure calls over constant sources only, every node used
     only inside the computation, ``root`` used only by ``gemm`` and exactly once
-    there, and the folded tensor no larger than the sources it frees. With
+    there, and the folded tensor, as the delegate stores it, no larger than the
+    sources it frees. With
     ``member``, only nodes it accepts may belong (the fold pass uses this to
     follow the partitioner's tags).
     """
@@ -173,7 +187,7 @@ def _computation(ep, gemm, root, member=None) -> Optional[list]:
             return None
         if node is not root and not set(node.users) <= nodes:
             return None
-    if freed == 0 or _nbytes(root_val) > freed:
+    if freed == 0 or _delegate_nbytes(root_val) > freed:
         return None
     order = {n: i for i, n in enumerate(root.graph.nodes)}
     return sorted(nodes, key=order.__getitem__)
