@@ -23,10 +23,10 @@ from etprop.verdicts.session import record_only
 
 # Programs each round asks a flow for, times a float property's examples:
 # single-method ones (packs, and specs run as drawn) and multi-method ones,
-# each stream its own cell of the campaign's designed shares. A pack is
-# about ten drawn programs, each holding combinations and mutant forms the
-# corpus picked it for, so the packs get twice a drawn property's share.
-SHARES = {"coverage": 6, "coverage_multi_method": 1}
+# each stream its own cell of the campaign's designed shares. A pack costs
+# about ten drawn programs; a larger share (6, or packs of 25) left coverage
+# items under half their share in a default 30-minute campaign.
+SHARES = {"coverage": 3, "coverage_multi_method": 1}
 # Drawn programs per family outside a campaign.
 SMALL_POOL = 8
 

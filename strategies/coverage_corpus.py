@@ -15,12 +15,10 @@ from etprop.program.spec import digest
 
 # Drawn programs per family the corpus chooses from.
 POOL_PER_FAMILY = 150
-# Programs per packed program: a lowering's cost is nearly all per op, so
-# packs of 25 cost what their parts cost alone, and a campaign's few coverage
-# examples per flow reach every float dtype's programs. coreai-torch converts a
-# large quantized program slowly and in gigabytes (finding COREAI-004), so
-# flows run by the Core AI runtime get smaller packs.
-PACK_SIZE = 25
+# Programs per packed program; coreai-torch converts a large quantized program
+# slowly and in gigabytes (finding COREAI-004), so flows run by the Core AI
+# runtime get smaller packs.
+PACK_SIZE = 10
 PACK_SIZE_BY_RUNTIME = {"coreai": 3}
 
 
