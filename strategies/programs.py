@@ -110,9 +110,21 @@ def _make_batch_dynamic(draw, program: ProgramDraft, body: dict) -> None:
     rest = tuple(inp["shape"][1:])
     sizes = (MIN_DYNAMIC, high, 2 * high + 1)
     shapes = [_shapes(program, body, [Value(inp["name"], (size,) + rest)]) for size in sizes]
-    if all(shapes) and all(_batch_linear(sizes, [found[name] for found in shapes]) for name in shapes[0]):
+    if all(shapes) and all(_batch_linear(sizes, [found[name] for found in shapes]) for name in shapes[0]) \
+            and not _reshapes_batch_away(body, shapes):
         inp["dynamic"] = [[0, MIN_DYNAMIC, high]]
         event("dynamic batch dim")
+
+
+def _reshapes_batch_away(body: dict, shapes: list[dict]) -> bool:
+    """Whether a reshape of a batch-sized value leads with a fixed dim, as
+    (B, 12) -> (6, 2B): export then guards on the batch size (``B != 6``),
+    which a declared range cannot satisfy."""
+    def varies(name, dim=None):
+        return len({found[name] if dim is None else found[name][dim] for found in shapes}) > 1
+
+    return any(node["op"] == "reshape" and varies(node["args"][0]) and not varies(node["id"], 0)
+               for node in body["nodes"])
 
 
 def _batch_linear(sizes: tuple, shapes: list[tuple]) -> bool:
