@@ -5,7 +5,9 @@ campaign with the causes of the flow's recorded findings neutralized), each
 judged like a drawn program of its family. A campaign makes the corpus once (its
 ``coverage/``) and each round asks every flow for the next programs it has not
 judged, most new combinations first, so no drawable combination waits for a
-lucky draw; shard i of N takes every N-th program. Outside a campaign only the
+lucky draw; shard i of N takes every N-th program, and flows running the same
+packs each start at their own point, so a short campaign runs most of the
+corpus on some flow. Outside a campaign only the
 first float program of a smaller pool runs: the property's machinery on CI's
 budget (the quantized properties run PT2E in CI on their own; a packed quantized
 program costs minutes on Core AI)."""
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from etprop.commands.pytest_plugin import selected_flows
 from etprop.oracles.sets import ORACLES_BY_PROPERTY
 from etprop.strategies import coverage_corpus as coverage
 from etprop.verdicts import known_findings
@@ -31,8 +34,10 @@ SHARES = {"coverage": 3, "coverage_multi_method": 1}
 SMALL_POOL = 8
 
 
-def _programs(flow, artifacts: Path) -> dict[str, list[dict]]:
-    """This shard's corpus programs as ``flow`` runs them, by property."""
+def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
+    """This shard's corpus programs as ``flow`` runs them, by property; in a
+    campaign each of the ``flows`` with the same pack size starts at its own
+    point of the corpus (coverage_corpus.rotated)."""
     campaign = record_only()
     specs, _ = coverage.stored(artifacts / "coverage", coverage.POOL_PER_FAMILY if campaign else SMALL_POOL)
 
@@ -45,8 +50,13 @@ def _programs(flow, artifacts: Path) -> dict[str, list[dict]]:
     programs = [program for program, _ in (coverage.for_flow(specs, size, without_known_causes) if campaign
                                            else coverage.packed(specs, size))]
     index, count = (int(part) for part in os.environ.get("ETPROP_SHARD", "0/1").split("/"))
-    programs = programs[index::count] if campaign else [
-        program for program in programs if not program.get("quantization") and len(program["methods"]) == 1][:1]
+    if campaign:
+        peers = [other.name for other in flows if coverage.pack_size_for(other.runtime) == size
+                 and (other.families is None or "coverage" in other.families)]
+        programs = coverage.rotated(programs[index::count], peers.index(flow.name), len(peers))
+    else:
+        programs = [program for program in programs
+                    if not program.get("quantization") and len(program["methods"]) == 1][:1]
     return {prop: [program for program in programs if (len(program["methods"]) > 1) == (prop != "coverage")]
             for prop in SHARES}
 
@@ -58,9 +68,9 @@ def per_round(prop: str) -> int:
 
 
 @pytest.mark.etprop_family("coverage")
-def test_coverage_corpus(flow, etprop):
+def test_coverage_corpus(flow, etprop, request):
     item = etprop.artifacts.item
-    for prop, programs in _programs(flow, etprop.artifacts.root).items():
+    for prop, programs in _programs(flow, etprop.artifacts.root, selected_flows(request.config)).items():
         etprop.artifacts.item, etprop.artifacts.share = f"{item}::{prop}", SHARES[prop]
         wanted = per_round(prop)
         for program in programs:

@@ -116,6 +116,15 @@ def for_flow(specs: list[dict], pack_size: int, without_known_causes) -> list[tu
     return packed(clean, pack_size, alone)
 
 
+def rotated(programs: list, position: int, peers: int) -> list:
+    """``programs`` starting ``position / peers`` of the way in, wrapping
+    around: flows that run the same packs each start at their own point, so
+    a budget that ends after a few programs per flow has still run most of
+    the corpus on some flow, not its first few programs on every flow."""
+    start = len(programs) * position // peers if peers else 0
+    return programs[start:] + programs[:start]
+
+
 def pack_size_for(runtime: str) -> int:
     return PACK_SIZE_BY_RUNTIME.get(runtime, PACK_SIZE)
 

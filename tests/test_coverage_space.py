@@ -5,6 +5,7 @@ program computes exactly what its parts compute."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import torch
 
@@ -136,11 +137,11 @@ def test_a_campaign_round_judges_the_next_programs_of_the_corpus_per_flow(tmp_pa
     monkeypatch.setattr(test_coverage, "per_round", lambda prop: 1)
     monkeypatch.setenv("ETPROP_RECORD_ONLY", "1")
 
-    def rounds(root, count, shard="0/1"):
+    def rounds(root, count, shard="0/1", flow="portable"):
         monkeypatch.setenv("ETPROP_SHARD", shard)
         for _ in range(count):
             session = Session(root, isolated=False)
-            test_coverage.test_coverage_corpus(flows.get("portable"), session)
+            test_coverage.test_coverage_corpus(flows.get(flow), session, SimpleNamespace(config=None))
             session.close()
         return [json.loads(line) for path in sorted((root / "results").glob("*.jsonl"))
                 for line in path.read_text().splitlines()]
@@ -153,6 +154,9 @@ def test_a_campaign_round_judges_the_next_programs_of_the_corpus_per_flow(tmp_pa
         ("coverage", "coverage", test_coverage.SHARES["coverage"]), ("coverage_multi_method", "coverage_multi_method", 1)]
     every = [specdigest(program) for program, _ in coverage.packed(specs, 2)]
     assert sorted(record["digest"] for record in rounds(tmp_path / "shard", 2, "1/2")) == sorted(every[1::2])
+    monkeypatch.setenv("ETPROP_FLOWS", "portable,xnnpack")
+    assert [record["digest"] for record in rounds(tmp_path / "peer", 1, flow="xnnpack")] == [packs[1], specdigest(two_methods)], \
+        "the second of two flows running the same packs starts half-way through the corpus"
 
 
 VARIANCE = dict(_program([{"id": "v1", "op": "var", "args": ["x"], "attrs": {"dim": -1}}], ["v1"], dtype="float16"),

@@ -56,7 +56,7 @@ def pytest_addoption(parser):
 
 
 def option(config, name: str, default=None):
-    value = config.getoption(f"etprop_{name}", default=None)
+    value = config.getoption(f"etprop_{name}", default=None) if config is not None else None
     if value is None:
         value = os.environ.get(OPTIONS[name])
     return default if value in (None, "") else value
