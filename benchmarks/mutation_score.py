@@ -53,7 +53,8 @@ def report(rows: list[dict], entries: list[dict], skipped: Counter, catalogue_si
     print(f"\n{datetime.date.today()} · {platform.node()} ({platform.machine()}, {torch.get_num_threads()} threads)"
           f" · `{command}`")
     print(f"corpus: {len(entries)} programs ({', '.join(f'{n} {why}' for why, n in skipped.items()) or 'none'}"
-          f" left out); catalogue: {catalogue_size} mutants x {len({r['dtype'] for r in rows})} dtype(s)")
+          f" left out); catalogue: {catalogue_size} mutants x {len({r['dtype'] for r in rows})} dtype(s), "
+          f"{len(rows)} rows (an argument counted only in the dtypes the strategies draw it in)")
     share = len(killed) / len(counted) if counted else 0.0
     print(f"killed {len(killed)} / {len(counted)} ({share:.1%}); equivalent (not counted): "
           f"{sum(r['status'] == 'equivalent' for r in rows)}")

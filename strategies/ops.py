@@ -12,6 +12,7 @@ from typing import Callable, Optional
 
 from hypothesis import strategies as st
 
+from etprop.program.vocabulary import ARGUMENT_DTYPES
 from etprop.strategies.graph import GraphDraft, Value
 
 Drawer = Callable[[Callable, GraphDraft], Optional[Value]]
@@ -469,8 +470,8 @@ def draw_interpolate(draw, g):
             attrs["recompute_scale_factor"] = True
     if mode in _ALIGNABLE and draw(st.booleans()):
         attrs["align_corners"] = True
-    # torch has no float16 CPU kernel for antialiased resampling.
-    if mode in ("bilinear", "bicubic") and g.program.dtype == "float32" and draw(st.integers(0, 3)) == 0:
+    if mode in ("bilinear", "bicubic") and g.program.dtype in ARGUMENT_DTYPES[("interpolate", "antialias")] \
+            and draw(st.integers(0, 3)) == 0:
         attrs["antialias"] = True
     return g.add("interpolate", [x], attrs)
 

@@ -85,17 +85,17 @@ def test_a_mutant_that_changes_a_shape_is_judged_in_the_shape_the_graph_declares
     """A slice whose start a backend ignores is longer, and the parameter
     multiplied into it no longer broadcasts: written into the buffer of the
     declared shape, its values still differ, so the mutant is killed. A
-    convolution whose groups a backend ignores cannot even read its weight:
-    that survivor's reason is a shape, not an argument left at its default."""
+    batched product read as ``mm`` cannot even run: that survivor's reason is
+    a shape, not an argument left at its default."""
     spec = {"format": FORMAT, "state": {"p": {"kind": "parameter", "shape": [2], "seed": 1, "scale": 1.0},
-                                        "w": {"kind": "weight", "shape": [4, 2, 3, 3], "seed": 2, "scale": 0.3}},
+                                        "m": {"kind": "weight", "shape": [4, 5], "seed": 2, "scale": 0.3}},
             "methods": {"forward": {
                 "inputs": [{"name": "x", "shape": [3, 4], "dtype": "float32"},
-                           {"name": "y", "shape": [1, 4, 5, 5], "dtype": "float32"}],
+                           {"name": "z", "shape": [2, 3, 4], "dtype": "float32"}],
                 "nodes": [{"id": "v0", "op": "slice", "args": ["x"],
                            "attrs": {"dim": 1, "start": 1, "end": 3, "step": 1}},
                           {"id": "v1", "op": "mul", "args": ["v0"], "state": "p"},
-                          {"id": "v2", "op": "conv2d", "args": ["y"], "state": "w", "attrs": {"groups": 2}}],
+                          {"id": "v2", "op": "matmul", "args": ["z"], "state": "m"}],
                 "outputs": ["v1", "v2"]}}}
     artifacts = Artifacts(tmp_path)
     example = run_example(spec, [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
@@ -104,13 +104,56 @@ def test_a_mutant_that_changes_a_shape_is_judged_in_the_shape_the_graph_declares
     entries, _ = load_corpus(tmp_path, None)
     rows = {row["mutant"].name: row for row in score(entries, [Mutant("slice", "ignore_argument", "start"),
                                                                Mutant("slice", "ignore_argument", "step"),
-                                                               Mutant("conv2d", "ignore_argument", "groups")],
+                                                               Mutant("matmul", "relative", "mm")],
                                                      None)}
     start, step = rows["slice ignore_argument start"], rows["slice ignore_argument step"]
-    groups = rows["conv2d ignore_argument groups"]
+    as_mm = rows["matmul relative mm"]
     assert start["status"] == "killed"
     assert (step["status"], step["programs"], step["unbuilt"]) == ("never drawn", 1, 0)
-    assert (groups["status"], groups["programs"], groups["unbuilt"]) == ("never drawn", 1, 1)
+    assert (as_mm["status"], as_mm["programs"], as_mm["unbuilt"]) == ("never drawn", 1, 1)
+
+
+def test_mutants_whose_plain_reset_pytorch_rejects_are_realised_as_the_backend_would_compute_them(tmp_path):
+    """A grouped convolution whose groups a backend ignores (every group
+    reading the first group's channels), ``linear`` read as ``matmul`` on a
+    non-square weight with a bias, a convolution read as its transposed
+    relative, a clamp whose only bound is ignored, a resize whose
+    interpolating mode is ignored: each builds and is killed."""
+    spec = {"format": FORMAT, "state": {
+                "w": {"kind": "weight", "shape": [4, 2, 3, 3], "seed": 2, "scale": 0.3},
+                "l": {"kind": "weight", "shape": [3, 5], "seed": 3, "scale": 0.4},
+                "b": {"kind": "weight", "shape": [3], "seed": 4, "scale": 0.4},
+                "c": {"kind": "weight", "shape": [6, 4, 2], "seed": 5, "scale": 0.3}},
+            "methods": {"forward": {
+                "inputs": [{"name": "y", "shape": [1, 4, 5, 5], "dtype": "float32"},
+                           {"name": "x", "shape": [2, 5], "dtype": "float32"},
+                           {"name": "s", "shape": [1, 4, 6], "dtype": "float32"}],
+                "nodes": [{"id": "v0", "op": "conv2d", "args": ["y"], "state": "w", "attrs": {"groups": 2}},
+                          {"id": "v1", "op": "linear", "args": ["x"], "state": "l", "attrs": {"bias_state": "b"}},
+                          {"id": "v2", "op": "conv1d", "args": ["s"], "state": "c", "attrs": {"padding": "same"}},
+                          {"id": "v3", "op": "clamp", "args": ["v1"], "attrs": {"min": 0.1}},
+                          {"id": "v4", "op": "interpolate", "args": ["y"],
+                           "attrs": {"mode": "bilinear", "align_corners": True, "size": [3, 4]}}],
+                "outputs": ["v0", "v2", "v3", "v4"]}}}
+    artifacts = Artifacts(tmp_path)
+    example = run_example(spec, [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
+    assert example.results[0].outcome.value == "pass"
+    finish(example, ["portable"], artifacts)
+    entries, _ = load_corpus(tmp_path, None)
+    mutants = [Mutant("conv2d", "ignore_argument", "groups"), Mutant("linear", "relative", "matmul"),
+               Mutant("conv1d", "relative", "conv_transpose1d"), Mutant("clamp", "ignore_argument", "min"),
+               Mutant("interpolate", "ignore_argument", "mode")]
+    rows = {row["mutant"].name: row["status"] for row in score(entries, mutants, None)}
+    assert rows == {mutant.name: "killed" for mutant in mutants}
+
+
+def test_an_argument_drawn_only_in_some_dtypes_is_scored_only_in_those():
+    antialias = Mutant("interpolate", "ignore_argument", "antialias")
+    assert antialias.drawn_in("float32") and not antialias.drawn_in("float16")
+    assert not antialias.drawn_in("bfloat16") and Mutant("interpolate", "ignore_argument", "mode").drawn_in("float16")
+    entries = [{"spec": {"dtype": "float16", "state": {}, "methods": {}}, "index": 1}]
+    assert [row["mutant"].name for row in score(entries, [antialias, Mutant("relu", "relative", "leaky_relu")],
+                                                None)] == ["relu relative leaky_relu"]
 
 
 def test_a_fitted_form_writes_the_mutated_result_into_the_declared_shape():

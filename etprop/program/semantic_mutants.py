@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from etprop.program.spec import all_nodes
-from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS, family
+from etprop.program.vocabulary import ARGUMENT_DTYPES, CONTROL_FLOW_OPS, OPS, family
 
 REQUIRED = object()  # an argument without a default: no ignore_argument mutant
 
@@ -94,7 +94,8 @@ LAYER_ARGUMENTS: dict[str, dict] = {
 # Node attributes that are operands or neutralizations, not drawn arguments.
 OPERAND_ATTRS = frozenset({"bias_state", "scalar", "two_pass", "layer_norm_two_pass", "separate_bias", "by_index",
                            "input_copy", "by_hand", "antialias_widened", "pad_by_cat", "predicate_keepdim",
-                           "input_via_float64", "output_via_float64", "same_padding_explicit", "fit_shape"})
+                           "input_via_float64", "output_via_float64", "same_padding_explicit", "fit_shape",
+                           "weight_as", "input_channels"})
 
 # The nearest relative of an op: same signature, another function.
 RELATIVES = {
@@ -136,6 +137,13 @@ class Mutant:
 
     def applies_to(self, spec: dict) -> bool:
         return bool(_targets(spec, self.op))
+
+    def drawn_in(self, dtype: str) -> bool:
+        """Whether the strategies draw what this mutant changes in ``dtype``
+        programs (a row of the score only then)."""
+        if self.kind not in ("ignore_argument", "misread_argument"):
+            return True
+        return dtype in ARGUMENT_DTYPES.get((self.op, self.detail), (dtype,))
 
     def variants(self, spec: dict, shapes: dict | None = None) -> Iterator[dict]:
         """Mutated copies of ``spec``, the preferred first (the caller keeps
@@ -253,9 +261,27 @@ def _ignore_argument(mutant: Mutant, spec: dict):
                     del attrs[mutant.detail]
                 else:
                     attrs[mutant.detail] = default
+                _keep_callable(node, mutant.detail, copied["state"])
                 changed = True
     if changed:
         yield copied
+
+
+def _keep_callable(node: dict, reset: str, state: dict) -> None:
+    """What a backend ignoring ``reset`` computes, where the argument reset
+    alone would leave a call PyTorch rejects: a grouped convolution whose
+    groups it ignores reads every group's filters from the first group's
+    channels; a clamp left without bounds passes its input through; a resize
+    back at nearest drops the arguments only interpolating modes take."""
+    attrs = node["attrs"]
+    if reset == "groups" and node["op"] in ("conv1d", "conv2d") and node.get("state") in state:
+        attrs["input_channels"] = state[node["state"]]["shape"][1]
+    elif node["op"] == "clamp" and attrs.get("min") is None and attrs.get("max") is None:
+        node.update(op="add", attrs={"scalar": 0.0})
+        node.pop("state", None)
+    elif node["op"] == "interpolate" and reset == "mode":
+        for name in ("align_corners", "antialias"):
+            attrs.pop(name, None)
 
 
 def _relative(mutant: Mutant, spec: dict):
@@ -265,7 +291,30 @@ def _relative(mutant: Mutant, spec: dict):
         node["op"] = mutant.detail
         if "attrs" in node:
             node["attrs"] = {k: v for k, v in node["attrs"].items() if k in accepted}
+        layout = _relative_weight_layout(mutant.op, mutant.detail, copied["state"].get(node.get("state")), node)
+        if layout:
+            node.setdefault("attrs", {})["weight_as"] = layout
     yield copied
+
+
+def _relative_weight_layout(op: str, relative: str, entry: dict | None, node: dict) -> list | None:
+    """The shape in which ``relative`` reads ``op``'s weight buffer, when its
+    layout differs: ``linear``'s (out, in) read as ``matmul``'s (in, out); a
+    convolution's (out, in / groups, *kernel) read as its transposed
+    relative's (in, out / groups, *kernel), and back (the same formula).
+    A padding named by a string ("same", "valid"), which transposed
+    convolutions do not take, becomes none."""
+    if not entry or entry.get("kind") != "weight":
+        return None
+    shape = list(entry["shape"])
+    if op == "linear" and relative == "matmul":
+        return shape[::-1]
+    if op.startswith("conv") and relative.startswith("conv"):
+        if isinstance(node.get("attrs", {}).get("padding"), str):
+            del node["attrs"]["padding"]
+        groups = node.get("attrs", {}).get("groups", 1)
+        return [shape[1] * groups, shape[0] // groups, *shape[2:]]
+    return None
 
 
 def _misread(value, attempt: int):

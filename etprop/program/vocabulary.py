@@ -70,14 +70,27 @@ def _weight_ref(state: str, attr: str = "weight") -> str:
     return f"self.{state}.{attr}"
 
 
-def _gemm_functional(fn: str, *kwnames: str) -> Render:
+def _weight_operand(state: str, attrs: dict) -> str:
+    """The weight a GEMM reads from ``state``. ``weight_as`` (set by mutation
+    analysis, never drawn): the same values read row-major in another shape,
+    as a relative op expecting another weight layout reads the same buffer."""
+    if "weight_as" in attrs:
+        return f"{_weight_ref(state)}.reshape({tuple(attrs['weight_as'])!r})"
+    return _weight_ref(state)
+
+
+def _gemm_functional(fn: str, *kwnames: str, bias_argument: bool = False) -> Render:
     """A functional GEMM whose last operand is the weight held in ``state``;
-    without ``state``, a product of two values (attention's scores)."""
+    without ``state``, a product of two values (attention's scores). A
+    ``bias_state`` is ``fn``'s first argument with ``bias_argument``, else
+    added to the product (a GEMM's relative without a bias argument)."""
     def render(args, attrs, state):
-        operands = list(args) + ([_weight_ref(state)] if state else [])
-        if attrs.get("bias_state"):
-            operands.insert(0, _weight_ref(attrs["bias_state"]))
-        return f"{fn}({', '.join(operands)}{_kw(attrs, *kwnames)})"
+        operands = list(args) + ([_weight_operand(state, attrs)] if state else [])
+        bias = attrs.get("bias_state")
+        if bias and bias_argument:
+            operands.insert(0, _weight_ref(bias))
+        product = f"{fn}({', '.join(operands)}{_kw(attrs, *kwnames)})"
+        return f"torch.add({product}, {_weight_ref(bias)})" if bias and not bias_argument else product
     return render
 
 
@@ -85,8 +98,8 @@ def _addmm(args, attrs, state):
     """``separate_bias``: the product and the bias added as two ops (the same
     values; a neutralization)."""
     if not attrs.get("separate_bias"):
-        return _gemm_functional("torch.addmm", "beta", "alpha")(args, attrs, state)
-    product = f"torch.mm({args[0]}, {_weight_ref(state)}) * {attrs.get('alpha', 1)!r}"
+        return _gemm_functional("torch.addmm", "beta", "alpha", bias_argument=True)(args, attrs, state)
+    product = f"torch.mm({args[0]}, {_weight_operand(state, attrs)}) * {attrs.get('alpha', 1)!r}"
     return f"torch.add({product}, {_weight_ref(attrs['bias_state'])} * {attrs.get('beta', 1)!r})"
 
 
@@ -105,7 +118,7 @@ def _interpolate(args, attrs):
 
 def _linear_functional(args, attrs, state):
     bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
-    return f"F.linear({args[0]}, {_weight_ref(state)}, {bias})"
+    return f"F.linear({args[0]}, {_weight_operand(state, attrs)}, {bias})"
 
 
 def _conv_functional(dims: int, transposed: bool) -> Render:
@@ -120,7 +133,7 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
         via = not transposed and attrs.get("input_via_float64")
         if not transposed and attrs.get("same_padding_explicit") and attrs.get("padding") == "same":
             # ``same_padding_explicit``: the zeros padded on, then no padding (a neutralization).
-            return (f"_conv_same_padded_explicitly_functional({args[0]}, {_weight_ref(state)}, {bias}, "
+            return (f"_conv_same_padded_explicitly_functional({args[0]}, {_weight_operand(state, attrs)}, {bias}, "
                     f"{attrs.get('dilation', 1)!r}, {attrs.get('groups', 1)!r}"
                     + (", via_float64=True)" if via else ")"))
         if via:
@@ -131,12 +144,12 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
             # (the same values; a neutralization).
             inner = {name: value for name, value in attrs.items() if name not in ("output_padding", "padding")}
             by_cat = ", by_cat=True" if attrs.get("pad_by_cat") else ""
-            full = f"{fn}({args[0]}, {_weight_ref(state)}, None{_kw(inner, *names)})"
+            full = f"{fn}({args[0]}, {_weight_operand(state, attrs)}, None{_kw(inner, *names)})"
             if attrs.get("output_via_float64"):
                 full = f"_via_float64({full})"
             return (f"_output_padded({full}, "
                     f"{attrs.get('padding', 0)!r}, {attrs['output_padding']!r}, {bias}{by_cat})")
-        result = f"{fn}({args[0]}, {_weight_ref(state)}, {bias}{_kw(attrs, *names)})"
+        result = f"{fn}({args[0]}, {_weight_operand(state, attrs)}, {bias}{_kw(attrs, *names)})"
         # ``output_via_float64``: the result cast to float64 and back (a neutralization).
         return f"_via_float64({result})" if attrs.get("output_via_float64") else result
     return render
@@ -277,6 +290,10 @@ OPS: dict[str, tuple[str, Render]] = {
 
 CONTROL_FLOW_OPS = ("cond", "map", "scan", "while_loop")
 
+# The dtypes in which the strategies draw an (op, argument) when not every
+# dtype: PyTorch has no half-precision CPU kernel for antialiased resampling.
+ARGUMENT_DTYPES = {("interpolate", "antialias"): ("float32",)}
+
 # Ops whose renderer places ``output_via_float64`` itself (before an output
 # padding); any other op's result is wrapped whole.
 _OWN_OUTPUT_VIA_FLOAT64 = ("layer", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")
@@ -291,10 +308,13 @@ def family(op: str) -> str:
 def render(node: dict, args: list[str]) -> str:
     """``fit_shape`` (set by mutation analysis, never drawn): the result
     written into a buffer of the shape the unmutated node had;
-    ``output_via_float64`` (a neutralization): the result cast to float64 and
-    back."""
+    ``input_channels`` (the same): the first operand cut to its first
+    channels; ``output_via_float64`` (a neutralization): the result cast to
+    float64 and back."""
     _, renderer = OPS[node["op"]]
     attrs = node.get("attrs", {})
+    if "input_channels" in attrs:
+        args = [f"{args[0]}[:, :{attrs['input_channels']}]", *args[1:]]
     expression = renderer(args, attrs, node.get("state"))
     if attrs.get("output_via_float64") and node["op"] not in _OWN_OUTPUT_VIA_FLOAT64:
         expression = f"_via_float64({expression})"

@@ -141,13 +141,14 @@ def killed_by(program: Program, built) -> list[str]:
 
 
 def score(entries: list[dict], catalogue: list, limit: int | None, progress=None) -> list[dict]:
-    """One row per (mutant, dtype) the catalogue and the corpus's dtypes give;
+    """One row per (mutant, dtype) the catalogue and the corpus's dtypes give,
+    where the strategies draw what the mutant changes in that dtype;
     ``progress`` is called with each row as it is decided."""
     programs: dict[int, Program] = {}
     dtypes = sorted({e["spec"].get("dtype", "float32") for e in entries})
     rows = []
     for mutant in catalogue:
-        for dtype in dtypes:
+        for dtype in filter(mutant.drawn_in, dtypes):
             row = {"mutant": mutant, "dtype": dtype, "status": "never drawn", "programs": 0, "unbuilt": 0}
             for entry in entries:
                 if entry["spec"].get("dtype", "float32") != dtype or not mutant.applies_to(entry["spec"]):
