@@ -114,7 +114,8 @@ OP_ULPS: dict[tuple[str, str], dict[str, float]] = {
 # - DYNAMIC_STEPS: an activation entering a dynamic quantization moves by up
 #   to half a step: XNNPACK picks quantization parameters per row, not per
 #   tensor as the reference does, so any element may round the other way.
-#   Dynamic schemes also add a run with those activations left unrounded.
+#   Dynamic schemes also add a run with those activations left unrounded and
+#   one with them rounded per row, what XNNPACK computes.
 # - QUANTIZED_RANDOM_RUNS: random patterns of those moves. The actual
 #   differences are one such pattern; a bound SPREAD_FACTOR times the largest
 #   of 8 samples leaves it a negligible chance per element to be exceeded.

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import functools
+import math
 
 import torch
 
@@ -198,13 +199,17 @@ class _Perturbed(torch.fx.Interpreter):
       and a subnormal result by the smallest normal;
     - ``mode`` "float" (dynamic schemes only): dynamically quantized
       activations are not rounded at all, the limit of a backend that picks
-      finer quantization parameters than the reference (XNNPACK quantizes
-      each row with its own).
+      finer quantization parameters than the reference;
+    - ``mode`` "per_row" (dynamic schemes only): dynamically quantized
+      activations rounded with parameters of their own per row, as XNNPACK
+      does: a row is the last dim of what a linear reads, and all but the
+      first dim of what a convolution reads.
 
     u is +1 ("up"), -1 ("down") or drawn from {-1, 0, 1} per element ("random")."""
 
     def __init__(self, module, mode: str, seed: int, budgets: dict):
         super().__init__(module)
+        self.node: torch.fx.Node | None = None
         self.mode = mode
         self.budgets = budgets
         self.generator = torch.Generator().manual_seed(seed)
@@ -218,7 +223,7 @@ class _Perturbed(torch.fx.Interpreter):
     def _signs(self, shape) -> torch.Tensor:
         if self.mode == "random":
             return torch.randint(-1, 2, tuple(shape), generator=self.generator).float()
-        if self.mode == "float":
+        if self.mode in ("float", "per_row"):
             return torch.zeros(tuple(shape))
         return torch.full(tuple(shape), 1.0 if self.mode == "up" else -1.0)
 
@@ -231,6 +236,10 @@ class _Perturbed(torch.fx.Interpreter):
             return inner.run(*operands)
         return run
 
+    def run_node(self, n):
+        self.node = n
+        return super().run_node(n)
+
     def call_function(self, target, args, kwargs):
         if isinstance(target, torch._ops.HigherOrderOperator):
             args = tuple(self._body(a) if isinstance(a, torch.fx.GraphModule) else a for a in args)
@@ -238,8 +247,10 @@ class _Perturbed(torch.fx.Interpreter):
         quantize, dynamic, dequantize = _q_ops()
         if target in quantize:
             value, scale = args[0], args[1]
-            if self.mode == "float" and target in dynamic:
+            if self.mode in ("float", "per_row") and target in dynamic:
                 result = target(*args, **kwargs)
+                if self.mode == "per_row":
+                    value = _rounded_per_row(value, _row_dims(self.node), *args[3:5])
                 self.unrounded[id(result)] = (result, value)
                 return result
             steps = self.dynamic_steps if target in dynamic else self.tie_steps
@@ -272,6 +283,40 @@ class _Perturbed(torch.fx.Interpreter):
         return result
 
 
+def _row_dims(node: torch.fx.Node | None) -> int:
+    """How many trailing dims form one row of a dynamic quantization, as
+    XNNPACK picks them: three when a convolution reads the quantized value
+    before any linear does, else one."""
+    pending, seen = list(node.users) if node is not None else [], set()
+    while pending:
+        user = pending.pop(0)
+        if user in seen:
+            continue
+        seen.add(user)
+        name = str(user.target)
+        if "linear" in name:
+            return 1
+        if "conv" in name:
+            return 3
+        pending.extend(user.users)
+    return 1
+
+
+def _rounded_per_row(value: torch.Tensor, row_dims: int, qmin: int, qmax: int) -> torch.Tensor:
+    """``value`` quantized asymmetrically with a scale and zero point per row
+    (its last ``row_dims`` dims; each row's range widened to hold zero), then
+    dequantized."""
+    if value.numel() == 0:
+        return value
+    rows = value.reshape(-1, math.prod(value.shape[value.dim() - min(row_dims, value.dim()):]))
+    low = rows.amin(dim=1, keepdim=True).clamp(max=0)
+    high = rows.amax(dim=1, keepdim=True).clamp(min=0)
+    scale = torch.where(high > low, (high - low) / (qmax - qmin), torch.ones_like(high))
+    zero_point = torch.clamp(torch.round(qmin - low / scale), qmin, qmax)
+    quantized = torch.clamp(torch.round(rows / scale) + zero_point, qmin, qmax)
+    return ((quantized - zero_point) * scale).reshape(value.shape).to(value.dtype)
+
+
 def flip_runs(converted, inputs: tuple, budgets: dict) -> list:
     """The converted program's outputs with every quantization's input moved
     up, then down, by ``budgets["flip_steps"]`` whole steps: how far a value
@@ -289,10 +334,11 @@ def flip_runs(converted, inputs: tuple, budgets: dict) -> list:
 def perturbed_runs(converted, inputs: tuple, dynamic: bool, budgets: dict) -> list:
     """The converted program's outputs under each perturbation: up, down,
     ``budgets["random_runs"]`` random patterns, and for dynamic schemes the
-    unrounded activations (the equivalence oracle's jittered runs; the first
-    two are its directional ones). ``budgets``: oracles/tolerance.op_ulps."""
+    unrounded activations and the activations rounded per row (the
+    equivalence oracle's jittered runs; the first two are its directional
+    ones). ``budgets``: oracles/tolerance.op_ulps."""
     modes = [("up", 0), ("down", 0)] + [("random", seed) for seed in range(1, int(budgets["random_runs"]) + 1)]
-    modes += [("float", 0)] if dynamic else []
+    modes += [("float", 0), ("per_row", 0)] if dynamic else []
     runs = []
     with torch.no_grad():
         for mode, seed in modes:
