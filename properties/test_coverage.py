@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-from etprop.commands.pytest_plugin import selected_flows
+from etprop.commands.pytest_plugin import round_examples, selected_flows
 from etprop.oracles.sets import ORACLES_BY_PROPERTY
 from etprop.strategies import coverage_corpus as coverage
 from etprop.verdicts import known_findings
@@ -62,9 +62,9 @@ def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
 
 
 def per_round(prop: str) -> int:
-    """Programs of ``prop`` this round judges per flow: its share of a
-    campaign round; one outside a campaign."""
-    return settings.default.max_examples * SHARES[prop] if record_only() else 1
+    """Programs of ``prop`` this round judges per flow: its slice of a
+    campaign round (pytest_plugin.round_examples); one outside a campaign."""
+    return settings.default.max_examples * round_examples(SHARES[prop]) if record_only() else 1
 
 
 @pytest.mark.etprop_family("coverage")

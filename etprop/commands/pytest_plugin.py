@@ -21,6 +21,7 @@ option forces a seed, and a campaign's shards must share the database.
 from __future__ import annotations
 
 import json
+import math
 import os
 from collections import Counter
 from pathlib import Path
@@ -119,18 +120,34 @@ def pytest_configure(config):
 ROUND_ROTATION = 0.6180339887
 
 
+# A campaign round asks an item for at most this fraction of its share
+# (rounded up) and runs only the items less than one such slice ahead of the
+# least served: rounds stay short, so a large share cannot hold a whole
+# exploration window while the items after it wait (a 30-minute campaign
+# whose first round ran share-12 items first never reached the coverage corpus).
+ROUND_SLICES = 4
+
+
+def round_examples(weight: int) -> int:
+    """What a campaign round asks of an item of share ``weight``, in units of
+    a share-1 item's examples."""
+    return math.ceil(weight / ROUND_SLICES)
+
+
 def item_share(item) -> int:
     """An item's designed share of a campaign round (``share``; the coverage
     corpus sets its own)."""
     return getattr(getattr(item, "function", None), "etprop_share", 1)
 
 
+@pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config, items):
     """In a campaign, each round runs first the items furthest behind their
     designed share (examples so far over share), so a round the budget cuts
     short is made up for by the next one; among equals, larger shares first
     (what a cut then leaves out is single examples, owed first next round),
-    then each round starting at another place in the list."""
+    then each round starting at another place in the list. Items a slice of
+    their share or more ahead of the least served sit the round out."""
     served_file = option(config, "served")
     round_index = int(option(config, "round", 0))
     if not served_file and not round_index:
@@ -138,8 +155,18 @@ def pytest_collection_modifyitems(config, items):
     served = json.loads(Path(served_file).read_text()) if served_file else {}
     offset = int((round_index * ROUND_ROTATION) % 1 * len(items))
     rotated = {id(item): (position - offset) % len(items) for position, item in enumerate(items)}
-    items.sort(key=lambda item: (served.get(item.nodeid, 0) / item_share(item), -item_share(item),
-                                 rotated[id(item)]))
+
+    def ratio(item) -> float:
+        return served.get(item.nodeid, 0) / item_share(item)
+
+    items.sort(key=lambda item: (ratio(item), -item_share(item), rotated[id(item)]))
+    config.etprop_round_items = list(items)
+    if items:
+        behind = ratio(items[0]) + 1 / ROUND_SLICES
+        ahead = [item for item in items if ratio(item) >= behind]
+        if ahead:
+            items[:] = [item for item in items if ratio(item) < behind]
+            config.hook.pytest_deselected(items=ahead)
 
 
 def pytest_collection_finish(session):
@@ -153,7 +180,7 @@ def pytest_collection_finish(session):
     if not session.items or (not option(config, "served") and not int(option(config, "round", 0))):
         return  # not a campaign round, or an xdist controller (its workers collect)
     collected = {}
-    for item in session.items:
+    for item in getattr(config, "etprop_round_items", session.items):
         streams = getattr(getattr(item, "function", None), "etprop_streams", None)
         if streams:
             collected.update({f"{item.nodeid}::{prop}": share for prop, share in streams.items()})
@@ -212,7 +239,8 @@ def share(weight: int):
         test.etprop_share = weight
         if not ACTIVE_PROFILE.startswith("fuzz"):
             return test
-        return hypothesis_settings(max_examples=hypothesis_settings.default.max_examples * weight)(test)
+        per_round = hypothesis_settings.default.max_examples * round_examples(weight)
+        return hypothesis_settings(max_examples=per_round)(test)
     return apply
 
 
