@@ -147,6 +147,8 @@ BROAD = {
     "EXIR-007": ("xnnpack+fold", _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")),
     # Forms a campaign found beside a finding's own repro.
     "COREAI-016 (adaptive_avg_pool2d)": ("coreai", _fixture_spec("coreai_dynamic_batch_adaptive_avg_pool.json")),
+    # A layer norm over the pooled width: ceil_mode=False would change that width.
+    "COREAI-009 (then a layer norm)": ("coreai", _fixture_spec("coreai_avg_pool_ceil_mode_then_layer_norm.json")),
     "TORCHAO-001 (scan)": ("portable", _fixture_spec("torchao_pt2e_scan_in_while_loop.json")),
     "XNN-030 (explicit padding)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv_after_explicit_padding.json")),
     "XNN-015": ("xnnpack", _repro_spec("xnnpack_quantized_single_pixel_shared_run_error.json")),
@@ -519,6 +521,36 @@ def test_nearest_by_index_is_nearest_interpolation(size):
     inputs = original.inputs("forward")
     torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
                                rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("dims", [1, 2])
+def test_average_pools_by_sums_are_the_average_pools(dims):
+    """COREAI-009's equivalent form gives F.avg_pool1d/2d's values for every
+    ceil mode, padding, stride, divisor and count_include_pad drawn."""
+    import itertools
+
+    import torch
+
+    from etprop.program import builder
+
+    pool = "avg_pool2d" if dims == 2 else "avg_pool1d"
+    shape = (2, 3, 5, 7) if dims == 2 else (2, 3, 7)
+    for kernel, stride, padding, ceil_mode, count_include_pad, divisor in itertools.product(
+            (1, 2, 3), (None, 1, 2, 3), (0, 1), (False, True), (True, False), (None, 3)):
+        if 2 * padding > kernel or (divisor and dims == 1):
+            continue
+        attrs = {"kernel_size": [kernel] * dims, "padding": [padding] * dims, "ceil_mode": ceil_mode,
+                 "count_include_pad": count_include_pad}
+        attrs.update({"stride": [stride] * dims} if stride else {})
+        attrs.update({"divisor_override": divisor} if divisor else {})
+        spec = _program([{"id": "v0", "op": pool, "args": ["x"], "attrs": attrs}], shape=shape)
+        by_sums, changed = neutralize(spec, [{"rewrite": "set_attrs", "ops": [pool], "attrs": {"by_sums": True}}])
+        assert changed == 1
+        original, rewritten = builder.build(spec), builder.build(by_sums)
+        assert "_avg_pool_by_sums(x" in rewritten.source
+        inputs = original.inputs("forward")
+        torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
+                                   rtol=1e-6, atol=1e-6, msg=str(attrs))
 
 
 def test_a_method_holding_a_transposed_convolution_is_exported_at_its_example_shapes():

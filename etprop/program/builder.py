@@ -52,6 +52,41 @@ def _fit_shape(x, shape):
     return flat[:count].reshape(shape)
 
 
+def _avg_pool_by_sums(x, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
+                      divisor_override=None):
+    """F.avg_pool1d/2d with no padding and no ceil mode of its own: the input
+    padded explicitly, each window averaged whole in floor mode, over the
+    average of a mask counting what PyTorch's divisor counts (the implicit
+    padding with ``count_include_pad``, never a ceil-mode window's overhang).
+    The same values; a neutralization's equivalent form."""
+    dims = x.dim() - 2
+
+    def per_dim(value):
+        return list(value) if isinstance(value, (list, tuple)) else [value] * dims
+
+    kernel = per_dim(kernel_size)
+    step = per_dim(stride) if stride not in (None, [], ()) else kernel
+    pad = per_dim(padding)
+    implicit, overhang = [], []
+    for dim in reversed(range(dims)):
+        length = x.shape[2 + dim]
+        span = length + 2 * pad[dim] - kernel[dim]
+        count = (-(-span // step[dim]) if ceil_mode else span // step[dim]) + 1
+        if ceil_mode and (count - 1) * step[dim] >= length + pad[dim]:
+            count -= 1
+        implicit += [pad[dim], pad[dim]]
+        overhang += [0, max(0, (count - 1) * step[dim] + kernel[dim] - length - 2 * pad[dim])]
+    pool = F.avg_pool1d if dims == 1 else F.avg_pool2d
+    whole = pool(F.pad(F.pad(x, implicit), overhang), kernel, step)
+    if divisor_override:
+        window = 1
+        for k in kernel:
+            window *= k
+        return whole * (window / divisor_override)
+    mask = F.pad(torch.ones_like(x), implicit, value=1.0 if count_include_pad else 0.0)
+    return whole / pool(F.pad(mask, overhang), kernel, step)
+
+
 def _nearest_by_index(x, size):
     """F.interpolate(x, size, mode='nearest') as gathers: source index
     floor(dst * in / out) per resized dim (a neutralization's equivalent form)."""

@@ -28,6 +28,15 @@ def _call(fn: str, *kwnames: str, nargs: int | None = None) -> Render:
     return render
 
 
+def _avg_pool(fn: str, *kwnames: str) -> Render:
+    """``by_sums``: the pool as whole windows over an explicitly padded input,
+    divided by what PyTorch's divisor counts (the same values; a
+    neutralization)."""
+    def render(args, attrs, state):
+        return f"{'_avg_pool_by_sums' if attrs.get('by_sums') else fn}({args[0]}{_kw(attrs, *kwnames)})"
+    return render
+
+
 def _layer(args, attrs, state):
     """``two_pass`` (GroupNorm) and ``layer_norm_two_pass`` (LayerNorm): the
     variance taken about the mean; ``input_copy``: the layer reads a copy of
@@ -275,10 +284,10 @@ OPS: dict[str, tuple[str, Render]] = {
     # pooling
     "max_pool1d": ("pool", _call("F.max_pool1d", "kernel_size", "stride", "padding", "dilation", "ceil_mode")),
     "max_pool2d": ("pool", _call("F.max_pool2d", "kernel_size", "stride", "padding", "dilation", "ceil_mode")),
-    "avg_pool1d": ("pool", _call("F.avg_pool1d", "kernel_size", "stride", "padding", "ceil_mode",
-                                 "count_include_pad")),
-    "avg_pool2d": ("pool", _call("F.avg_pool2d", "kernel_size", "stride", "padding", "ceil_mode",
-                                 "count_include_pad", "divisor_override")),
+    "avg_pool1d": ("pool", _avg_pool("F.avg_pool1d", "kernel_size", "stride", "padding", "ceil_mode",
+                                     "count_include_pad")),
+    "avg_pool2d": ("pool", _avg_pool("F.avg_pool2d", "kernel_size", "stride", "padding", "ceil_mode",
+                                     "count_include_pad", "divisor_override")),
     "adaptive_avg_pool2d": ("pool", _call("F.adaptive_avg_pool2d", "output_size")),
     # resampling
     "interpolate": ("resample", lambda a, at, s: _interpolate(a, at)),
