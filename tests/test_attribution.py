@@ -151,6 +151,8 @@ BROAD = {
     "COREAI-009 (then a layer norm)": ("coreai", _fixture_spec("coreai_avg_pool_ceil_mode_then_layer_norm.json")),
     "TORCHAO-001 (scan)": ("portable", _fixture_spec("torchao_pt2e_scan_in_while_loop.json")),
     "XNN-030 (explicit padding)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv_after_explicit_padding.json")),
+    # One linear in an inlined map: every iteration quantizes its own input, all with the one bias.
+    "XNN-018 (inlined map)": ("xnnpack", _fixture_spec("xnnpack_quantized_bias_in_inlined_map.json")),
     "XNN-015": ("xnnpack", _repro_spec("xnnpack_quantized_single_pixel_shared_run_error.json")),
     "XNN-015b": ("xnnpack", _repro_spec("xnnpack_quantized_single_pixel_shared_pool_averages_channels.json")),
     "XNN-015 (found form)": ("xnnpack", _fixture_spec("xnnpack_quantized_single_pixel_shared_found_form.json")),
@@ -456,6 +458,25 @@ def test_a_bias_per_use_computes_the_same_values():
     inputs = original.inputs("forward")
     for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
+def test_a_bias_added_after_the_product_in_an_inlined_loop_computes_the_same_values():
+    """XNN-018's neutralization in an inlined loop, whose iterations all read
+    one bias: the bias is added after each product instead."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _fixture_spec("xnnpack_quantized_bias_in_inlined_map.json")
+    spec = {**spec, "format": "etprop-spec/2"}
+    spec.pop("quantization")
+    separate, changed = neutralize(spec, [{"rewrite": "bias_per_use", "ops": ["linear"], "types": ["Linear"]}])
+    assert changed == 1
+    original, rewritten = builder.build(spec), builder.build(separate)
+    assert "torch.add(F.linear(" in rewritten.source and "torch.add(F.linear(" not in original.source
+    inputs = original.inputs("forward")
+    for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
 
 
 def test_a_control_flow_body_reading_its_own_copy_computes_the_same_values():

@@ -34,7 +34,9 @@ Rewrites (``{"rewrite": NAME, ...}``):
 - ``bias_per_use``: ``ops``, ``types``; every GEMM node of those ops after the
   first that reads a bias state entry another node also reads gets a copy of
   it, and every call of a layer of those types after the first gets a copy of
-  the layer (same seeds: the same values, no longer one tensor).
+  the layer (same seeds: the same values, no longer one tensor). A ``linear``
+  in the body of an inlined loop, which every iteration calls with one bias,
+  adds its bias after the product instead (``separate_bias``).
 - ``state_apart_from_control_flow``: a state entry that a control-flow node's
   bodies read and that something outside that node reads too is read inside
   the node from a copy of its own (same kind, seed and shape: the same values,
@@ -245,6 +247,14 @@ def _bias_per_use(spec: dict, rule: dict) -> int:
     places, get one copy per use after the first."""
     changed = 0
     seen: set[str] = set()
+    for _, loop in all_nodes(spec):
+        if loop["op"] in ("map", "scan", "while_loop") and loop.get("attrs", {}).get("inline"):
+            for node in (n for body in loop["bodies"] for n in iter_nodes(body["nodes"])):
+                attrs = node.get("attrs", {})
+                if node["op"] == "linear" and "linear" in rule.get("ops", ()) and attrs.get("bias_state") \
+                        and not attrs.get("separate_bias"):
+                    attrs["separate_bias"] = True
+                    changed += 1
     for _, node in all_nodes(spec):
         attrs = node.get("attrs", {})
         if node["op"] in rule.get("ops", ()) and attrs.get("bias_state"):

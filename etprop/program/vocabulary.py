@@ -126,7 +126,11 @@ def _interpolate(args, attrs):
 
 
 def _linear_functional(args, attrs, state):
+    """``separate_bias``: the product, then the bias added (the same values;
+    a neutralization)."""
     bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
+    if attrs.get("separate_bias") and attrs.get("bias_state"):
+        return f"torch.add(F.linear({args[0]}, {_weight_operand(state, attrs)}, None), {bias})"
     return f"F.linear({args[0]}, {_weight_operand(state, attrs)}, {bias})"
 
 
