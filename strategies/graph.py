@@ -8,7 +8,6 @@ strategies believe in is the shape the program will have.
 
 from __future__ import annotations
 
-import copy
 import itertools
 from dataclasses import dataclass, field
 from types import SimpleNamespace
@@ -69,14 +68,6 @@ class ProgramDraft:
     # CPU kernels lack for half types.
     dtype: str = "float32"
 
-    def has_parameters(self, name) -> bool:
-        """Whether state entry ``name`` holds values a program reads and never
-        writes (a weight, a layer, a parameter, buffer or constant operand):
-        what a twin copies."""
-        entry = self.state.get(name) if isinstance(name, str) else None
-        return bool(entry) and entry["kind"] in ("weight", "layer", "parameter", "buffer", "constant") \
-            and not entry.get("mutable")
-
     def fresh(self, prefix: str) -> str:
         return f"{prefix}{next(self.counter)}"
 
@@ -135,29 +126,6 @@ class GraphDraft:
         self.values.append(value)
         event(f"op: {node['op']}")
         return value
-
-    def add_twin(self, value: Value) -> Optional[Value]:
-        """``value``'s node again on the same operands, reading its own copy
-        of each weight or layer (same kind, shape and arguments, other
-        values), as Q/K/V projections or parallel branches do: the form in
-        which a backend that confuses same-shaped parameters is wrong. None
-        when the node reads no parameter (``ProgramDraft.has_parameters``)."""
-        node = next(n for n in self.nodes if n["id"] == value.name)
-        owned = {"state": node.get("state"), "bias_state": node.get("attrs", {}).get("bias_state")}
-        owned = {key: name for key, name in owned.items() if self.program.has_parameters(name)}
-        if "state" not in owned:
-            return None
-        twin = copy.deepcopy(node)
-        twin["id"] = self.program.fresh("v")
-        for key, name in owned.items():
-            entry = {k: v for k, v in copy.deepcopy(self.program.state[name]).items() if k != "seed"}
-            copied = self.program.add_state(name.rstrip("0123456789"), entry)
-            if key == "state":
-                twin["state"] = copied
-            else:
-                twin["attrs"]["bias_state"] = copied
-        args = [next(v for v in self.values if v.name == arg) for arg in node["args"]]
-        return self.add_node(twin, args, value.shape)
 
     def leaves(self) -> list[str]:
         """Values nobody consumed: the outputs, so no drawn node is dead code."""

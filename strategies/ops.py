@@ -8,6 +8,7 @@ do not filter: constraints are built into the ranges they draw from.
 
 from __future__ import annotations
 
+import copy
 from typing import Callable, Optional
 
 from hypothesis import strategies as st
@@ -229,6 +230,13 @@ _TWINNABLE = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2
               "layer_norm", "batch_norm", "group_norm", "add", "sub", "mul", "div", "maximum", "minimum")
 
 
+def _twin_state(g: GraphDraft, name: str) -> str:
+    """A new state entry configured like ``name``, with values of its own."""
+    entry = copy.deepcopy(g.program.state[name])
+    entry.pop("seed", None)
+    return g.program.add_state(name.rstrip("0123456789"), entry)
+
+
 def draw_parallel_twins(draw, g):
     """Two ops of one configuration side by side on one input, each with its
     own parameters, then combined (Q/K/V projections, a gated MLP's branches,
@@ -237,11 +245,15 @@ def draw_parallel_twins(draw, g):
     (not a sum or product)."""
     _, drawer = draw(st.sampled_from([d for d in DRAWERS if d[0] in _TWINNABLE]))
     first = drawer(draw, g)
-    if first is None or g.nodes[-1]["id"] != first.name:
+    if first is None or "state" not in g.nodes[-1]:
         return first
-    second = g.add_twin(first)
-    if second is None:
-        return first
+    node = copy.deepcopy(g.nodes[-1])
+    node["id"] = g.program.fresh("v")
+    node["state"] = _twin_state(g, node["state"])
+    if "bias_state" in node.get("attrs", {}):
+        node["attrs"]["bias_state"] = _twin_state(g, node["attrs"]["bias_state"])
+    by_name = {v.name: v for v in g.values}
+    second = g.add_node(node, [by_name[a] for a in node["args"]], first.shape)
     how = draw(st.sampled_from(["sub", "gated", "cat"]))
     if how == "gated":
         return g.add("mul", [g.add("silu", [first]), second])

@@ -44,15 +44,6 @@ def _spec(program: ProgramDraft, methods: dict) -> dict:
     return spec
 
 
-# One node in TWIN_ODDS that reads a parameter gets a twin (GraphDraft.add_twin).
-TWIN_ODDS = 5
-
-
-def _reads_parameters(graph: GraphDraft, value) -> bool:
-    node = graph.nodes[-1] if graph.nodes and graph.nodes[-1]["id"] == value.name else None
-    return bool(node) and graph.program.has_parameters(node.get("state"))
-
-
 def draw_body(draw, graph: GraphDraft, slots: int, drawers) -> None:
     """Fill ``graph`` with up to ``slots`` nodes drawn from ``drawers``."""
     for _ in range(slots):
@@ -60,12 +51,8 @@ def draw_body(draw, graph: GraphDraft, slots: int, drawers) -> None:
         if choice == 0:
             continue
         name, drawer = drawers[choice - 1]
-        value = drawer(draw, graph)
-        if value is None:
+        if drawer(draw, graph) is None:
             event(f"slot skipped: {name} did not fit")
-        elif _reads_parameters(graph, value) and draw(st.integers(0, TWIN_ODDS - 1)) == 0:
-            graph.add_twin(value)
-            event("twin: the same op on the same operands with its own parameters")
 
 
 def finish_method(graph: GraphDraft) -> dict:

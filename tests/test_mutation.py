@@ -310,36 +310,6 @@ def test_parallel_twins_give_a_gemm_a_twin_whose_swap_shows():
     assert len(shown) >= 8 and len(set(shown)) >= 4, shown
 
 
-def test_drawn_programs_give_nodes_that_read_parameters_twins_whose_swap_shows():
-    """Any node reading a weight, layer or constant operand gets, now and then,
-    a twin on the same operands with its own parameters (GraphDraft.add_twin):
-    the form a backend confusing same-shaped parameters gets wrong, beyond
-    the parallel-twins drawer's few GEMMs."""
-    from etprop.program import builder, mutants
-    from etprop.program.coverage_space import keys
-    from etprop.strategies.programs import programs
-
-    shown = set()
-
-    @settings(max_examples=100, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(spec=programs(min_nodes=6, max_nodes=16, dtype="float32"))
-    def check(spec):
-        for op, kind, _, _ in keys(spec):
-            if kind != "swap_weight" or op in shown:
-                continue
-            variant = next(Mutant(op, "swap_weight").variants(spec))
-            original, swapped = builder.build(spec), builder.build(variant)
-            inputs = original.inputs("forward")
-            before = [t.double() for t in original._wide("forward", inputs, True)]
-            after = [t.double() for t in swapped._wide("forward", inputs, True)]
-            if any(mutants.visible(a, b, torch.float32) for a, b in zip(before, after)):
-                shown.add(op)
-
-    check()
-    assert len(shown) >= 8, shown
-
-
 def test_a_drawn_divisor_stays_away_from_zero():
     from etprop.program import builder
 
