@@ -372,7 +372,7 @@ def test_a_property_share_multiplies_examples_in_campaigns_only(monkeypatch):
         monkeypatch.setattr(pytest_plugin, "ACTIVE_PROFILE", profile)
         calls = []
 
-        @pytest_plugin.share(3)
+        @pytest_plugin.share(12)
         @given(st.integers())
         def prop(value):
             calls.append(value)
