@@ -291,28 +291,26 @@ def _relative(mutant: Mutant, spec: dict):
         node["op"] = mutant.detail
         if "attrs" in node:
             node["attrs"] = {k: v for k, v in node["attrs"].items() if k in accepted}
-        layout = _relative_weight_layout(mutant.op, mutant.detail, copied["state"].get(node.get("state")), node)
+        layout = _relative_weight_layout(mutant.op, mutant.detail, copied["state"].get(node.get("state")),
+                                         node.get("attrs", {}).get("groups", 1))
         if layout:
             node.setdefault("attrs", {})["weight_as"] = layout
+        if mutant.op.startswith("conv") and isinstance(node.get("attrs", {}).get("padding"), str):
+            del node["attrs"]["padding"]  # "same" / "valid": transposed convolutions take neither
     yield copied
 
 
-def _relative_weight_layout(op: str, relative: str, entry: dict | None, node: dict) -> list | None:
+def _relative_weight_layout(op: str, relative: str, entry: dict | None, groups: int) -> list | None:
     """The shape in which ``relative`` reads ``op``'s weight buffer, when its
     layout differs: ``linear``'s (out, in) read as ``matmul``'s (in, out); a
     convolution's (out, in / groups, *kernel) read as its transposed
-    relative's (in, out / groups, *kernel), and back (the same formula).
-    A padding named by a string ("same", "valid"), which transposed
-    convolutions do not take, becomes none."""
+    relative's (in, out / groups, *kernel), and back (the same formula)."""
     if not entry or entry.get("kind") != "weight":
         return None
     shape = list(entry["shape"])
     if op == "linear" and relative == "matmul":
         return shape[::-1]
     if op.startswith("conv") and relative.startswith("conv"):
-        if isinstance(node.get("attrs", {}).get("padding"), str):
-            del node["attrs"]["padding"]
-        groups = node.get("attrs", {}).get("groups", 1)
         return [shape[1] * groups, shape[0] // groups, *shape[2:]]
     return None
 
