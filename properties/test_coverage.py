@@ -7,11 +7,12 @@ judged like a drawn program of its family. A campaign makes the corpus once (its
 judged, most new combinations first, so no drawable combination waits for a
 lucky draw; shard i of N takes every N-th program, and flows running the same
 packs each start at their own point, so a short campaign runs most of the
-corpus on some flow. Outside a campaign only the
-first float program of a smaller pool runs: the property's machinery on CI's
-budget (the quantized properties run PT2E in CI on their own; a packed quantized
-program costs minutes on Core AI)."""
+corpus on some flow. Outside a campaign only the first float program of each
+stream of a smaller pool runs: the property's machinery on CI's budget (the
+quantized properties run PT2E in CI on their own; a packed quantized program
+costs minutes on Core AI)."""
 
+import functools
 import os
 from pathlib import Path
 
@@ -24,11 +25,12 @@ from etprop.strategies import coverage_corpus as coverage
 from etprop.verdicts import known_findings
 from etprop.verdicts.session import record_only
 
-# Programs each round asks a flow for, times a float property's examples:
-# single-method ones (packs, and specs run as drawn) and multi-method ones,
-# each stream its own cell of the campaign's designed shares. A pack costs
-# about ten drawn programs; a larger share (6, or packs of 25) left coverage
-# items under half their share in a default 30-minute campaign.
+# Each stream's share of a campaign, in a float property's examples:
+# single-method programs (packs, and specs run as drawn) and multi-method ones.
+# Each stream is its own test item, so the campaign's scheduler serves them in
+# proportion like every other item. A pack costs about ten drawn programs; a
+# larger share (6, or packs of 25) left coverage items under half their share
+# in a default 30-minute campaign.
 SHARES = {"coverage": 3, "coverage_multi_method": 1}
 # Drawn programs per family outside a campaign.
 SMALL_POOL = 8
@@ -37,7 +39,8 @@ SMALL_POOL = 8
 def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
     """This shard's corpus programs as ``flow`` runs them, by property; in a
     campaign each of the ``flows`` with the same pack size starts at its own
-    point of the corpus (coverage_corpus.rotated)."""
+    point of the corpus (coverage_corpus.rotated). Both streams' items of one
+    round share the packing (_programs_cached)."""
     campaign = record_only()
     specs, _ = coverage.stored(artifacts / "coverage", coverage.POOL_PER_FAMILY if campaign else SMALL_POOL)
 
@@ -54,11 +57,12 @@ def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
         peers = [other.name for other in flows if coverage.pack_size_for(other.runtime) == size
                  and (other.families is None or "coverage" in other.families)]
         programs = coverage.rotated(programs[index::count], peers.index(flow.name), len(peers))
-    else:
-        programs = [program for program in programs
-                    if not program.get("quantization") and len(program["methods"]) == 1][:1]
-    return {prop: [program for program in programs if (len(program["methods"]) > 1) == (prop != "coverage")]
-            for prop in SHARES}
+    by_property = {prop: [program for program in programs if (len(program["methods"]) > 1) == (prop != "coverage")]
+                   for prop in SHARES}
+    if not campaign:
+        by_property = {prop: [program for program in stream if not program.get("quantization")][:1]
+                       for prop, stream in by_property.items()}
+    return by_property
 
 
 def per_round(prop: str) -> int:
@@ -67,21 +71,39 @@ def per_round(prop: str) -> int:
     return settings.default.max_examples * round_examples(SHARES[prop]) if record_only() else 1
 
 
+@functools.lru_cache(maxsize=4)
+def _programs_cached(flow_name: str, artifacts: str, flow_names: tuple, shard: str, campaign: bool) -> dict:
+    from etprop import flows
+
+    return _programs(flows.get(flow_name), Path(artifacts), [flows.get(name) for name in flow_names])
+
+
+def _judge(prop: str, flow, etprop, request) -> None:
+    """Judge this round's next ``per_round(prop)`` programs of the stream not
+    yet judged in this campaign."""
+    chosen = tuple(other.name for other in selected_flows(request.config))
+    programs = _programs_cached(flow.name, str(etprop.artifacts.root), chosen,
+                                os.environ.get("ETPROP_SHARD", "0/1"), record_only())[prop]
+    wanted = per_round(prop)
+    for program in programs:
+        if wanted == 0:
+            break
+        if record_only() and etprop.already_judged(program, [flow], prop):
+            continue
+        if etprop.check(program, [flow], prop, ORACLES_BY_PROPERTY[prop]) is None:
+            return  # past the campaign's budget
+        wanted -= 1
+
+
 @pytest.mark.etprop_family("coverage")
 def test_coverage_corpus(flow, etprop, request):
-    item = etprop.artifacts.item
-    for prop, programs in _programs(flow, etprop.artifacts.root, selected_flows(request.config)).items():
-        etprop.artifacts.item, etprop.artifacts.share = f"{item}::{prop}", SHARES[prop]
-        wanted = per_round(prop)
-        for program in programs:
-            if wanted == 0:
-                break
-            if record_only() and etprop.already_judged(program, [flow], prop):
-                continue
-            if etprop.check(program, [flow], prop, ORACLES_BY_PROPERTY[prop]) is None:
-                return  # past the campaign's budget
-            wanted -= 1
+    _judge("coverage", flow, etprop, request)
 
 
-test_coverage_corpus.etprop_share = sum(SHARES.values())
-test_coverage_corpus.etprop_streams = SHARES
+@pytest.mark.etprop_family("coverage")
+def test_coverage_corpus_multi_method(flow, etprop, request):
+    _judge("coverage_multi_method", flow, etprop, request)
+
+
+test_coverage_corpus.etprop_share = SHARES["coverage"]
+test_coverage_corpus_multi_method.etprop_share = SHARES["coverage_multi_method"]

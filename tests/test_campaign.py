@@ -494,12 +494,3 @@ def test_rounds_give_large_shares_slices_and_keep_every_item_within_one_slice(mo
         for name in ran:
             served[name] += round_examples(shares[name])
     assert served == shares
-
-
-def test_the_coverage_corpus_streams_count_as_served_for_their_item():
-    records = [{"item": "test_coverage.py::test_coverage_corpus[xnnpack]::coverage", "property": "coverage"},
-               {"item": "test_coverage.py::test_coverage_corpus[xnnpack]::coverage_multi_method",
-                "property": "coverage_multi_method"},
-               {"item": "test_single_method.py::test_mixed_programs[xnnpack]", "property": "mixed"}]
-    assert Summary(records).served_per_item() == {"test_coverage.py::test_coverage_corpus[xnnpack]": 2,
-                                                  "test_single_method.py::test_mixed_programs[xnnpack]": 1}

@@ -172,20 +172,13 @@ def pytest_collection_modifyitems(config, items):
 def pytest_collection_finish(session):
     """Every item a campaign round selected, by the name its results carry,
     with its designed share: the summary counts an item the budget never
-    reached as served 0 times, not as absent. An item that judges several
-    streams (``etprop_streams``: property to share) is one entry per stream."""
+    reached as served 0 times, not as absent."""
     from etprop.verdicts.repro import atomic_write
 
     config = session.config
     if not session.items or (not option(config, "served") and not int(option(config, "round", 0))):
         return  # not a campaign round, or an xdist controller (its workers collect)
-    collected = {}
-    for item in getattr(config, "etprop_round_items", session.items):
-        streams = getattr(getattr(item, "function", None), "etprop_streams", None)
-        if streams:
-            collected.update({f"{item.nodeid}::{prop}": share for prop, share in streams.items()})
-        else:
-            collected[item.nodeid] = item_share(item)
+    collected = {item.nodeid: item_share(item) for item in getattr(config, "etprop_round_items", session.items)}
     directory = Path(option(config, "artifacts", "artifacts"))
     directory.mkdir(parents=True, exist_ok=True)
     atomic_write(directory / "collected.json", json.dumps(collected, sort_keys=True))

@@ -125,10 +125,10 @@ class Summary:
         return {cell: (designed.get(cell, 0) / total_designed, got[cell] / total_got) for cell in got}
 
     def item_shares(self) -> dict[str, tuple[float, float]]:
-        """Per test item (a coverage stream counts as its own): (designed, got)
-        fractions of all examples. Designed: the shares of every item the
-        campaign collected (``collected.json``), so an item no round reached
-        shows as got 0; items of older artifacts, from their results."""
+        """Per test item: (designed, got) fractions of all examples. Designed:
+        the shares of every item the campaign collected (``collected.json``),
+        so an item no round reached shows as got 0; items of older artifacts,
+        from their results."""
         designed: dict[str, float] = {}
         collected = self.artifacts / "collected.json" if self.artifacts else None
         if collected and collected.is_file():
@@ -184,14 +184,8 @@ class Summary:
         return len(self.records)
 
     def served_per_item(self) -> dict[str, int]:
-        """Examples judged per test item (the coverage corpus records each of its
-        streams as ``ITEM::PROPERTY``; they count for the item)."""
-        served: Counter = Counter()
-        for record in self.records:
-            item = record.get("item")
-            if item:
-                served[item.removesuffix(f"::{record['property']}")] += 1
-        return dict(served)
+        """Examples judged per test item."""
+        return dict(Counter(record["item"] for record in self.records if record.get("item")))
 
     def min_examples_per_cell(self) -> int:
         cells = self.cells()
