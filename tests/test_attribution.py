@@ -144,6 +144,7 @@ BROAD = {
     "XNN-019": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_same_even_kernel.json")),
     "XNN-019 (layer)": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_layer_same_even_kernel.json")),
     "XNN-030": ("xnnpack", _repro_spec("xnnpack_dynamic_linear_then_conv_shapes.json")),
+    "XNN-031": ("xnnpack", _repro_spec("xnnpack_float_conv_transpose1d_reads_dequantized_load.json")),
     "EXIR-007": ("xnnpack+fold", _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")),
     # Forms a campaign found beside a finding's own repro.
     "COREAI-016 (adaptive_avg_pool2d)": ("coreai", _fixture_spec("coreai_dynamic_batch_adaptive_avg_pool.json")),
@@ -336,6 +337,12 @@ def test_plain_transposed_convolutions_whose_result_goes_through_float64_compute
     assert neutralize(dynamic, rule)[1] == 0, "dynamic quantization leaves outputs in float"
     quantized = {**dynamic, "quantization": {"scheme": "static_per_tensor", "calibration": 1}}
     _equivalent_form(quantized, "XNN-029", "_via_float64(self." if op == "layer" else "_via_float64(F.")
+
+
+def test_a_functional_transposed_convolution_reading_its_input_through_float64_computes_the_same_values():
+    """XNN-031's neutralization, in the padded form its repro has: the input cast is rendered, the values exact."""
+    _equivalent_form(_repro_spec("xnnpack_float_conv_transpose1d_reads_dequantized_load.json"), "XNN-031",
+                     ".double().to(")
 
 
 def test_a_transposed_convolution_read_and_written_through_float64_keeps_both_casts():

@@ -143,7 +143,7 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
         bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
         # ``input_via_float64`` (a convolution): what it convolves, padded or
         # not, read through a cast to float64 and back (a neutralization).
-        via = not transposed and attrs.get("input_via_float64")
+        via = attrs.get("input_via_float64")
         if not transposed and attrs.get("same_padding_explicit") and attrs.get("padding") == "same":
             # ``same_padding_explicit``: the zeros padded on, then no padding (a neutralization).
             return (f"_conv_same_padded_explicitly_functional({args[0]}, {_weight_operand(state, attrs)}, {bias}, "
