@@ -157,6 +157,8 @@ BROAD = {
     "XNN-015": ("xnnpack", _repro_spec("xnnpack_quantized_single_pixel_shared_run_error.json")),
     "XNN-015b": ("xnnpack", _repro_spec("xnnpack_quantized_single_pixel_shared_pool_averages_channels.json")),
     "XNN-015 (found form)": ("xnnpack", _fixture_spec("xnnpack_quantized_single_pixel_shared_found_form.json")),
+    # A quantized Conv1d layer, not a linear, before the float transposed convolution (a second method).
+    "XNN-031 (after a conv1d)": ("xnnpack", _fixture_spec("xnnpack_float_conv_transpose1d_after_quantized_conv1d.json")),
 }
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 LEADS |= {key for key in BROAD if key.split(" ")[0] in LEADS}
