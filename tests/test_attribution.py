@@ -151,6 +151,11 @@ BROAD = {
     # A layer norm over the pooled width: ceil_mode=False would change that width.
     "COREAI-009 (then a layer norm)": ("coreai", _fixture_spec("coreai_avg_pool_ceil_mode_then_layer_norm.json")),
     "TORCHAO-001 (scan)": ("portable", _fixture_spec("torchao_pt2e_scan_in_while_loop.json")),
+    "TORCHAO-001 (map)": ("portable", _fixture_spec("torchao_pt2e_map_in_while_loop.json")),
+    "TORCHAO-008": ("portable", _repro_spec("torchao_pt2e_grouped_conv_transpose_batch_norm.json")),
+    # A grouped ConvTranspose2d layer whose out/groups neither broadcasts nor matches: the fusion fails at its product.
+    "TORCHAO-008 (layer)": ("portable", _fixture_spec("torchao_pt2e_grouped_conv_transpose2d_layer_batch_norm.json")),
+    "XNN-022 (layer)": ("xnnpack", _fixture_spec("xnnpack_fuse_batch_norm_grouped_conv_transpose2d_layer.json")),
     "XNN-030 (explicit padding)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv_after_explicit_padding.json")),
     # One linear in an inlined map: every iteration quantizes its own input, all with the one bias.
     "XNN-018 (inlined map)": ("xnnpack", _fixture_spec("xnnpack_quantized_bias_in_inlined_map.json")),
@@ -862,7 +867,7 @@ def test_a_batch_norm_read_through_a_copy_or_written_out_computes_the_same_value
     spec["format"] = FORMAT
     rule = {"rewrite": "set_attrs", "ops": ["layer"], "types": ["BatchNorm1d", "BatchNorm2d"], "attrs": attrs}
     copied, changed = neutralize(spec, [rule])
-    assert changed == 2 and rendered in builder.build(copied).source
+    assert changed >= 1 and rendered in builder.build(copied).source
     original, rewritten = builder.build(spec), builder.build(copied)
     tolerance = {"rtol": 0, "atol": 0} if exact else {}
     for left, right in zip(original.eager("forward", original.inputs("forward")),
@@ -872,8 +877,8 @@ def test_a_batch_norm_read_through_a_copy_or_written_out_computes_the_same_value
 
 def test_a_rewrite_can_be_narrowed_to_what_follows_an_op_and_to_program_dtypes():
     """``after`` keeps a rewrite to nodes whose first operand one of the named
-    ops computes; ``dtypes`` to programs of those dtypes: a batch norm after a
-    linear is not rewritten for a defect of batch norms after transposed
+    ops computes (a layer as ``layer:TYPE``); ``dtypes`` to programs of those
+    dtypes: a batch norm after a linear is not rewritten for a defect of batch norms after transposed
     convolutions, nor a float32 program for a float16 defect."""
     from etprop.program.spec import FORMAT
 
@@ -888,6 +893,13 @@ def test_a_rewrite_can_be_narrowed_to_what_follows_an_op_and_to_program_dtypes()
                   "after": ["conv_transpose1d", "relu"]}
     assert neutralize(program("relu", "float32"), [after_rule])[1] == 1
     assert neutralize(program("tanh", "float32"), [after_rule])[1] == 0
+    after_layer = program("layer", "float32")
+    after_layer["state"]["c"] = {"kind": "layer", "type": "ConvTranspose1d", "seed": 2,
+                                 "kwargs": {"in_channels": 4, "out_channels": 4, "kernel_size": 1}}
+    after_layer["methods"]["forward"]["nodes"][0]["state"] = "c"
+    layer_rule = dict(after_rule, after=["layer:ConvTranspose1d"])
+    assert neutralize(after_layer, [layer_rule])[1] == 1, "a layer is named by its type"
+    assert neutralize(after_layer, [dict(after_rule, after=["layer:Conv1d"])])[1] == 0
     dtype_rule = {"rewrite": "set_attrs", "ops": ["layer"], "attrs": {"by_hand": True}, "dtypes": ["float16"]}
     assert neutralize(program("tanh", "float16"), [dtype_rule])[1] == 1
     assert neutralize(program("tanh", "float32"), [dtype_rule])[1] == 0

@@ -14,7 +14,8 @@ Rewrites (``{"rewrite": NAME, ...}``):
   ``having`` optional: only nodes where these attributes are set and not zero;
   ``types`` optional: only layers of these types; ``state_kwargs`` optional:
   only layers constructed with these arguments; ``after`` optional: only
-  nodes whose first operand one of these ops computes; ``dtypes`` optional:
+  nodes whose first operand one of these ops computes, a layer named by its
+  type as ``layer:TYPE``; ``dtypes`` optional:
   only in programs of these dtypes; ``schemes`` optional: only in programs
   quantized with one of these schemes).
 - ``drop_attrs``: ``ops``, ``attrs``; those attributes removed (back to the op's default).
@@ -90,9 +91,15 @@ def _nonzero(value) -> bool:
     return any(_nonzero(v) for v in value) if isinstance(value, (list, tuple)) else bool(value)
 
 
-def _producers(spec: dict) -> dict[str, str]:
-    """Value name -> the op of the node that computes it."""
-    return {node["id"]: node["op"] for _, node in all_nodes(spec)}
+def _producers(spec: dict) -> dict[str, set[str]]:
+    """Value name -> the names of what computes it: its node's op, and for a
+    layer also ``layer:TYPE``."""
+    names = {}
+    for _, node in all_nodes(spec):
+        names[node["id"]] = {node["op"]}
+        if node["op"] == "layer":
+            names[node["id"]].add(f"layer:{spec['state'].get(node.get('state'), {}).get('type')}")
+    return names
 
 
 def _set_attrs(spec: dict, rule: dict) -> int:
@@ -108,7 +115,7 @@ def _set_attrs(spec: dict, rule: dict) -> int:
             continue
         if any(entry.get("kwargs", {}).get(name) != value for name, value in rule.get("state_kwargs", {}).items()):
             continue
-        if "after" in rule and producers.get((node.get("args") or [None])[0]) not in rule["after"]:
+        if "after" in rule and not producers.get((node.get("args") or [None])[0], set()) & set(rule["after"]):
             continue
         attrs = node.get("attrs", {})
         if not _has(attrs, rule.get("where", {})) or not all(_nonzero(attrs.get(name)) for name in rule.get("having", ())):
