@@ -156,6 +156,7 @@ BROAD = {
     # A grouped ConvTranspose2d layer whose out/groups neither broadcasts nor matches: the fusion fails at its product.
     "TORCHAO-008 (layer)": ("portable", _fixture_spec("torchao_pt2e_grouped_conv_transpose2d_layer_batch_norm.json")),
     "XNN-022 (layer)": ("xnnpack", _fixture_spec("xnnpack_fuse_batch_norm_grouped_conv_transpose2d_layer.json")),
+    "COREAI-017": ("coreai", _repro_spec("coreai_bfloat16_circular_conv_empty.json")),
     "XNN-030 (explicit padding)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv_after_explicit_padding.json")),
     # One linear in an inlined map: every iteration quantizes its own input, all with the one bias.
     "XNN-018 (inlined map)": ("xnnpack", _fixture_spec("xnnpack_quantized_bias_in_inlined_map.json")),
@@ -344,6 +345,25 @@ def test_plain_transposed_convolutions_whose_result_goes_through_float64_compute
     assert neutralize(dynamic, rule)[1] == 0, "dynamic quantization leaves outputs in float"
     quantized = {**dynamic, "quantization": {"scheme": "static_per_tensor", "calibration": 1}}
     _equivalent_form(quantized, "XNN-029", "_via_float64(self." if op == "layer" else "_via_float64(F.")
+
+
+@pytest.mark.parametrize("layer_type, shape, kwargs", [
+    ("Conv1d", (1, 4, 7), {"kernel_size": 3, "padding": 1}),
+    ("Conv1d", (2, 4, 9), {"kernel_size": 4, "padding": 2, "stride": 2, "dilation": 2, "groups": 2}),
+    ("Conv2d", (1, 4, 5, 6), {"kernel_size": [3, 2], "padding": [1, 2], "bias": False}),
+    ("Conv2d", (1, 4, 6, 6), {"kernel_size": 3, "padding": "same", "dilation": [2, 1]}),
+])
+def test_a_circular_padded_convolution_written_out_computes_the_same_values(layer_type, shape, kwargs):
+    """COREAI-017's neutralization: the wrapped slices concatenated on, then
+    no padding, give exactly the layer's values in bfloat16; a float32
+    program keeps its form."""
+    state = {"c": {"kind": "layer", "type": layer_type, "seed": 3,
+                   "kwargs": {"in_channels": 4, "out_channels": 4, "padding_mode": "circular", **kwargs}}}
+    spec = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "c"}], state, shape=shape)
+    rule = list(next(f for f in known_findings.load() if f.id == "COREAI-017").neutralize)
+    assert neutralize(spec, rule)[1] == 0, "a float32 program keeps its form"
+    spec["dtype"] = spec["methods"]["forward"]["inputs"][0]["dtype"] = "bfloat16"
+    _equivalent_form(spec, "COREAI-017", "_conv_circular_padded_explicitly(self.")
 
 
 def test_a_functional_transposed_convolution_reading_its_input_through_float64_computes_the_same_values():

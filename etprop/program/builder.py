@@ -186,6 +186,22 @@ def _conv_same_padded_explicitly(layer, x):
     return _conv_same_padded_explicitly_functional(x, layer.weight, layer.bias, layer.dilation, layer.groups)
 
 
+def _conv_circular_padded_explicitly(layer, x):
+    """A Conv1d or Conv2d layer with padding_mode 'circular' as the wrapped
+    slices concatenated on each side, then the convolution without padding:
+    the same values with no padding op (a neutralization's equivalent form);
+    other layers as they are."""
+    if not isinstance(layer, (nn.Conv1d, nn.Conv2d)) or layer.padding_mode != "circular":
+        return layer(x)
+    pads = layer._reversed_padding_repeated_twice
+    for axis, (before, after) in enumerate(zip(pads[::2], pads[1::2])):
+        dim = x.dim() - 1 - axis
+        size = x.shape[dim]
+        x = torch.cat([x.narrow(dim, size - before, before), x, x.narrow(dim, 0, after)], dim)
+    convolve = F.conv1d if isinstance(layer, nn.Conv1d) else F.conv2d
+    return convolve(x, layer.weight, layer.bias, layer.stride, 0, layer.dilation, layer.groups)
+
+
 def _via_float64(y):
     """``y`` cast to float64 and back: the same values, through a cast no
     delegate takes, so no delegate fuses the op before it with a quantization

@@ -94,7 +94,8 @@ LAYER_ARGUMENTS: dict[str, dict] = {
 # Node attributes that are operands or neutralizations, not drawn arguments.
 OPERAND_ATTRS = frozenset({"bias_state", "scalar", "two_pass", "layer_norm_two_pass", "separate_bias", "by_index",
                            "input_copy", "by_hand", "antialias_widened", "pad_by_cat", "predicate_keepdim",
-                           "input_via_float64", "output_via_float64", "same_padding_explicit", "fit_shape",
+                           "input_via_float64", "output_via_float64", "same_padding_explicit",
+                           "circular_padding_explicit", "fit_shape",
                            "weight_as", "input_channels", "by_sums"})
 
 # The nearest relative of an op: same signature, another function.

@@ -49,12 +49,16 @@ def _layer(args, attrs, state):
     by concatenating zeros); ``output_via_float64``: its result (before any
     output padding) cast to float64 and back; ``same_padding_explicit``: a
     convolution layer with padding 'same' as zeros padded on, then the
-    convolution without padding."""
+    convolution without padding; ``circular_padding_explicit``: a convolution
+    layer with padding_mode 'circular' as wrapped slices concatenated on,
+    then the convolution without padding."""
     operand = f"{args[0]}.clone()" if attrs.get("input_copy") else args[0]
     if attrs.get("input_via_float64"):
         operand = f"{operand}.double().to({operand}.dtype)"
     if attrs.get("same_padding_explicit"):
         return f"_conv_same_padded_explicitly(self.{state}, {operand})"
+    if attrs.get("circular_padding_explicit"):
+        return f"_conv_circular_padded_explicitly(self.{state}, {operand})"
     if attrs.get("pad_output"):
         extra = (", by_cat=True" if attrs.get("pad_by_cat") else "") + (
             ", via_float64=True" if attrs.get("output_via_float64") else "")
