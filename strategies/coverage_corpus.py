@@ -74,25 +74,18 @@ def chosen(seed: int, pool_per_family: int = POOL_PER_FAMILY) -> tuple[list[dict
     return [specs[index] for index in picked], wanted
 
 
-def packed(specs: list[dict], pack_size: int, alone: list[dict] = (), position: int = 0,
-           peers: int = 1) -> list[tuple[dict, list[dict]]]:
+def packed(specs: list[dict], pack_size: int, alone: list[dict] = ()) -> list[tuple[dict, list[dict]]]:
     """``specs`` as programs to run: (program, the specs it computes). Specs of
     one packing class go ``pack_size`` to a program, in their order; a spec
     that cannot share a method, and every spec of ``alone``, stays alone. The
-    classes take turns, float ones first (a float32 pack, a float16 pack, a
-    bfloat16 pack, a quantized pack of each scheme, a multi-method program,
-    one of ``alone``, then the next of each), so a budget that ends early has
-    still reached every class, and every dtype the mutation score reads.
-    Flows that run the same packs pass their ``position`` among ``peers``:
-    each class then starts that share of the way in, wrapping around, so a
-    budget that ends after a few turns per flow has still run most of every
-    class on some flow."""
+    classes take turns (a float32 pack, a float16 pack, ..., a multi-method
+    program, one of ``alone``, then the next of each), so a budget that ends
+    early has still reached every class."""
     by_class: dict = {}
     for spec in specs:
         by_class.setdefault(coverage_space.packing_class(spec), []).append(spec)
     queues = []
-    for packing in sorted(by_class, key=_turn_order):
-        members = by_class[packing]
+    for packing, members in by_class.items():
         if packing is None:
             queues.append([(spec, [spec]) for spec in members])
         else:
@@ -100,27 +93,11 @@ def packed(specs: list[dict], pack_size: int, alone: list[dict] = (), position: 
                            for start in range(0, len(members), pack_size)])
     if alone:
         queues.append([(spec, [spec]) for spec in alone])
-    queues = [queue[len(queue) * position // peers:] + queue[:len(queue) * position // peers] for queue in queues]
     return [queue[turn] for turn in range(max(map(len, queues), default=0)) for queue in queues if turn < len(queue)]
 
 
-_DTYPE_TURNS = ("float32", "float16", "bfloat16")
-
-
-def _turn_order(packing) -> tuple:
-    """Float classes by dtype, then quantized ones by scheme, then programs
-    that stay alone."""
-    if packing is None:
-        return (2,)
-    _, dtype, scheme = packing
-    rank = _DTYPE_TURNS.index(dtype) if dtype in _DTYPE_TURNS else len(_DTYPE_TURNS)
-    return (scheme is not None, rank, dtype, scheme or "")
-
-
-def for_flow(specs: list[dict], pack_size: int, without_known_causes, position: int = 0,
-             peers: int = 1) -> list[tuple[dict, list[dict]]]:
-    """The corpus as one flow, ``position`` of ``peers`` running the same
-    packs (packed), runs it. A program holding the cause of a
+def for_flow(specs: list[dict], pack_size: int, without_known_causes) -> list[tuple[dict, list[dict]]]:
+    """The corpus as one flow runs it. A program holding the cause of a
     finding recorded for the flow fails on it, and in a pack one such part
     hides what the other parts compute: every spec joins its pack as
     ``without_known_causes(spec)`` returns it (the flow's findings'
@@ -136,7 +113,16 @@ def for_flow(specs: list[dict], pack_size: int, without_known_causes, position: 
         if keys - reached:
             alone.append(spec)
             reached |= keys
-    return packed(clean, pack_size, alone, position, peers)
+    return packed(clean, pack_size, alone)
+
+
+def rotated(programs: list, position: int, peers: int) -> list:
+    """``programs`` starting ``position / peers`` of the way in, wrapping
+    around: flows that run the same packs each start at their own point, so
+    a budget that ends after a few programs per flow has still run most of
+    the corpus on some flow, not its first few programs on every flow."""
+    start = len(programs) * position // peers if peers else 0
+    return programs[start:] + programs[:start]
 
 
 def pack_size_for(runtime: str) -> int:

@@ -110,23 +110,6 @@ def test_packed_programs_take_turns_by_class_in_their_order():
         assert coverage_space.keys(program) == set().union(*map(coverage_space.keys, group))
 
 
-def test_float_classes_come_first_and_each_class_starts_at_the_flows_own_point():
-    """A short campaign runs a few turns per flow: those turns hold a pack of
-    every float dtype (what the mutation score reads), and flows running the
-    same packs start each class at their own point."""
-    from etprop.strategies import coverage_corpus as coverage
-
-    quantized = [dict(_relu_chain(n), quantization={"scheme": "static_per_tensor", "modules": None, "calibration": 1})
-                 for n in range(1, 3)]
-    first = [_relu_chain(n) for n in range(1, 5)]
-    brain = [_relu_chain(n, "bfloat16") for n in range(1, 5)]
-    half = [_relu_chain(n, "float16") for n in range(1, 3)]
-    programs = coverage.packed(quantized + brain + half + first, pack_size=2)
-    assert [group for _, group in programs][:4] == [first[:2], half, brain[:2], quantized]
-    second = coverage.packed(quantized + brain + half + first, pack_size=2, position=1, peers=2)
-    assert [group for _, group in second] == [first[2:], half, brain[2:], quantized, first[:2], brain[:2]]
-
-
 def test_a_stored_corpus_is_read_back_not_drawn_again(tmp_path, monkeypatch):
     from etprop.strategies import coverage_corpus as coverage
 
