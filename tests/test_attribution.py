@@ -21,6 +21,7 @@ from etprop.oracles.sets import SINGLE_FLOW
 from etprop.program.neutralize import neutralize
 from etprop.program.spec import FORMAT, all_nodes
 from etprop.verdicts import known_findings
+from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.session import Session
 
 
@@ -167,6 +168,14 @@ BROAD = {
     # A quantized Conv1d layer, not a linear, before the float transposed convolution (a second method).
     "XNN-031 (after a conv1d)": ("xnnpack", _fixture_spec("xnnpack_float_conv_transpose1d_after_quantized_conv1d.json")),
 }
+# Programs torch.export rejects, by a finding's cause. Neutralized, they
+# export, and stop at the 1.5.1 emitter's while_loop limit (unsupported): no
+# oracle runs there, so a second fault beside them is planted in the export.
+EXPORT_ERRORS = {
+    "TORCH-003": ("xnnpack", _repro_spec("torch_export_two_while_loops_grad_carry.json")),
+    # Found first: a scan inside a while_loop body, its linears reading a computed weight.
+    "TORCH-003 (scan)": ("xnnpack", _fixture_spec("torch_export_scan_in_while_loop.json")),
+}
 LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
 LEADS |= {key for key in BROAD if key.split(" ")[0] in LEADS}
 
@@ -200,6 +209,37 @@ def test_a_confirmed_finding_is_attributed_when_its_neutralization_passes(findin
     (flow_result,) = result.results
     assert flow_result.outcome.is_failure, f"{finding_id} no longer reproduces on this program"
     assert flow_result.known == finding_id.split(" ")[0], flow_result.message
+
+
+@pytest.mark.parametrize("finding_id", sorted(EXPORT_ERRORS))
+def test_an_export_error_whose_neutralized_program_exports_is_known(finding_id, session):
+    flow_name, spec = EXPORT_ERRORS[finding_id]
+    result = session.run(spec, [flows.get(flow_name)], "mixed", SINGLE_FLOW, attribute=True)
+    (flow_result,) = result.results
+    assert flow_result.outcome is Outcome.EXPORT_ERROR
+    assert flow_result.known == finding_id.split(" ")[0], flow_result.message
+
+
+@pytest.mark.parametrize("finding_id", sorted(EXPORT_ERRORS))
+def test_an_export_error_beside_a_known_cause_is_raised_as_new(finding_id, session, monkeypatch):
+    """The neutralized program is rejected too (a planted second cause): the
+    export error is the generator's, raised and recorded with no finding named."""
+    from etprop.lowering import pipeline
+
+    flow_name, spec = EXPORT_ERRORS[finding_id]
+    original = pipeline.export_program
+
+    def export_program(built):
+        if built.spec != spec:
+            raise pipeline.ExportFailed("torch.export rejected the neutralized program (planted)")
+        return original(built)
+
+    monkeypatch.setattr(pipeline, "export_program", export_program)
+    with pytest.raises(pipeline.ExportFailed, match="'<' not supported"):
+        session.run(spec, [flows.get(flow_name)], "mixed", SINGLE_FLOW, attribute=True)
+    recorded = [flow for path in (session.artifacts.root / "results").glob("*.jsonl")
+                for line in path.read_text().splitlines() for flow in json.loads(line)["flows"]]
+    assert [(flow["outcome"], flow.get("known")) for flow in recorded] == [("export error", None)]
 
 
 def test_the_passing_neutralized_program_joins_the_corpus(session):
@@ -257,7 +297,7 @@ def _node_changes(before: dict, after: dict) -> dict[str, str]:
 
 
 def _specs_to_neutralize():
-    specs = [spec for _, spec in BROAD.values()]
+    specs = [spec for _, spec in [*BROAD.values(), *EXPORT_ERRORS.values()]]
     specs += [json.loads(path.read_text())["spec"]
               for path in sorted((known_findings.FINDINGS_DIR / "repros").glob("*.json"))]
     return specs
@@ -275,7 +315,7 @@ def test_a_neutralization_changes_only_what_its_finding_names(finding):
             before_entry, after_entry = spec["state"][name], after["state"][name]
             differing = {k for k in before_entry.keys() | after_entry.keys()
                          if before_entry.get(k) != after_entry.get(k)}
-            assert differing <= {"parametrizations", "kwargs", "mutable"}, (finding.id, name, differing)
+            assert differing <= {"parametrizations", "kwargs", "mutable", "frozen"}, (finding.id, name, differing)
         top = {key for key in spec.keys() | after.keys()
                if key not in ("state", "methods") and spec.get(key) != after.get(key)}
         folds = any(rule["rewrite"] == "quantize_folded_weights" for rule in finding.neutralize)
@@ -365,6 +405,32 @@ def test_a_circular_padded_convolution_written_out_computes_the_same_values(laye
     assert neutralize(spec, rule)[1] == 0, "a float32 program keeps its form"
     spec["dtype"] = spec["methods"]["forward"]["inputs"][0]["dtype"] = "bfloat16"
     _equivalent_form(spec, "COREAI-017", "_conv_circular_padded_explicitly(self.")
+
+
+def test_frozen_state_keeps_every_value_and_only_stops_autograd():
+    """TORCH-003's neutralization: in a program holding a while_loop, each
+    layer, weight and parameter (a computed weight's own parameters too) stops
+    requiring grad, and the program computes exactly what it did; a program
+    without a while_loop keeps its form."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _fixture_spec("torch_export_scan_in_while_loop.json")
+    rule = list(next(f for f in known_findings.load() if f.id == "TORCH-003").neutralize)
+    rewritten_spec, changed = neutralize(spec, rule)
+    assert changed == sum(entry["kind"] in ("layer", "weight", "parameter") for entry in spec["state"].values()) > 0
+    original, rewritten = builder.build(spec), builder.build(rewritten_spec)
+    assert any(p.requires_grad for p in original.module.parameters())
+    assert not any(p.requires_grad for p in rewritten.module.parameters())
+    frozen_values = rewritten.module.state_dict()
+    assert all(torch.equal(value, frozen_values[name]) for name, value in original.module.state_dict().items())
+    for kind in ("normal", "large"):
+        inputs = original.inputs("forward", kind)
+        for want, got in zip(original.eager("forward", inputs), rewritten.eager("forward", inputs)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+    straight = _program([{"id": "v0", "op": "linear", "args": ["x"], "state": "w"}], {"w": _weight((4, 8), 1)})
+    assert neutralize(straight, rule)[1] == 0
 
 
 def test_a_functional_transposed_convolution_reading_its_input_through_float64_computes_the_same_values():

@@ -642,6 +642,8 @@ def _state_lines(name: str, entry: dict, program_dtype: str = "float32") -> list
         attrs = {k: v for k, v in p.items() if k not in ("type", "on")}
         extra = "".join(f", {k}={v!r}" for k, v in attrs.items())
         lines.append(f"_parametrize(self.{name}, {p.get('on', 'weight')!r}, {p['type']!r}{extra})")
+    if entry.get("frozen"):
+        lines.append(f"self.{name}.requires_grad_(False)")
     return lines
 
 

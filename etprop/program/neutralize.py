@@ -65,6 +65,10 @@ Rewrites (``{"rewrite": NAME, ...}``):
   readers take (a method output counts as one) gets ``output_via_float64``:
   the same values, through a cast no delegate takes, so no delegate holds
   that value for several readers.
+- ``frozen_state``: ``ops``; in a program holding a node of those ops
+  (control-flow bodies included), every layer, weight and parameter is
+  frozen (``requires_grad`` off): the same values and the same exported
+  program, only autograd no longer tracks them while torch traces it.
 - ``quantize_folded_weights``: a quantized program's computed weights are
   stored as their values before quantizing (``fold_computed_weights``): the
   same float program, whose weights PT2E no longer quantizes op by op.
@@ -213,6 +217,16 @@ def _buffer_update_out_of_place(spec: dict, rule: dict) -> int:
         node.setdefault("attrs", {})["in_place"] = False
         spec["state"][node["state"]]["mutable"] = False
     return len(nodes)
+
+
+def _frozen_state(spec: dict, rule: dict) -> int:
+    if not _nodes_of(spec, rule["ops"]):
+        return 0
+    thawed = [entry for entry in spec["state"].values()
+              if entry["kind"] in ("layer", "weight", "parameter") and not entry.get("frozen")]
+    for entry in thawed:
+        entry["frozen"] = True
+    return len(thawed)
 
 
 def _quantize_folded_weights(spec: dict, rule: dict) -> int:
@@ -401,6 +415,7 @@ REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "bias_of_its_own": _bias_of_its_own,
     "bias_per_use": _bias_per_use,
     "quantize_folded_weights": _quantize_folded_weights,
+    "frozen_state": _frozen_state,
     "set_attrs": _set_attrs,
     "drop_attrs": _drop_attrs,
     "copy_attrs": _copy_attrs,

@@ -8,7 +8,7 @@ from enum import Enum
 class Outcome(str, Enum):
     PASS = "pass"
     NOT_RUN = "not run"                        # no verdict: another flow's crash ended the example
-    EXPORT_ERROR = "export error"              # a generator defect (torch.export rejected a drawn program)
+    EXPORT_ERROR = "export error"              # torch.export rejected a drawn program: a generator defect, or a torch finding
     INTERNAL_ERROR = "etprop internal error"   # etprop itself failed: no verdict on the lowering
     QUANTIZATION_ERROR = "quantization error"  # PT2E (prepare/calibrate/convert) failed on an exported program
     LOWERING_ERROR = "lowering error"

@@ -117,6 +117,12 @@ def _signature(result: ExampleResult) -> list[tuple]:
     return [(r.flow, r.outcome) for r in result.results]
 
 
+def _failed_everywhere(spec, names, prop, outcome: Outcome, oracle: str, message: str) -> ExampleResult:
+    """The same failure for every flow: the program never reached a lowering."""
+    results = [FlowResult(name, outcome, [Verdict.failed(oracle, message, outcome)]) for name in names]
+    return ExampleResult(prop, spec, results)
+
+
 class Session:
     def __init__(self, artifacts_dir: Path, isolated: bool | None = None, flow_modules: list[str] | None = None):
         self.artifacts = Artifacts(artifacts_dir)
@@ -168,13 +174,28 @@ class Session:
             self._worker.close()
 
     def run(self, spec, flows, prop, oracles, attribute: bool = False) -> ExampleResult:
-        """One run, recorded; no confirmation, no raising. ``attribute``:
+        """One run, recorded; no confirmation, no raising but ExportFailed. ``attribute``:
         attribute failures to known findings (replays do, and shrinks of a new failure,
         which must not drift to a known one)."""
-        result = self._run(spec, flows, prop, oracles)
-        if attribute:
-            result = self._attribute(spec, flows, prop, oracles, result)
+        result = (self._attributed_run if attribute else self._run)(spec, flows, prop, oracles)
         self._finish(result, flows)
+        return result
+
+    def _attributed_run(self, spec, flows, prop, oracles) -> ExampleResult:
+        """One run with its failures attributed. A program torch.export
+        rejects fails export on every flow: known when a recorded finding's
+        cause, neutralized, lets it export and run; otherwise recorded and
+        raised (a generator defect, or a new one of torch)."""
+        try:
+            first = self._run(spec, flows, prop, oracles, record_export_failure=False)
+        except ExportFailed as exc:
+            first = _failed_everywhere(spec, [f.name for f in flows], prop, Outcome.EXPORT_ERROR, "generator",
+                                       str(exc))
+        result = self._attribute(spec, flows, prop, oracles, first)
+        unexplained = [r for r in result.results if r.outcome is Outcome.EXPORT_ERROR and not r.known]
+        if unexplained:
+            self._finish(result, flows)
+            raise ExportFailed(unexplained[0].message)
         return result
 
     def _finish(self, result: ExampleResult, flows) -> None:
@@ -209,8 +230,7 @@ class Session:
 
     def _record_all(self, spec, names, prop, outcome: Outcome, oracle: str, message: str) -> None:
         """A verdict for no flow (the program never reached a lowering): recorded, with its repro."""
-        results = [FlowResult(name, outcome, [Verdict.failed(oracle, message, outcome)]) for name in names]
-        finish(ExampleResult(prop, spec, results), names, self.artifacts)
+        finish(_failed_everywhere(spec, names, prop, outcome, oracle, message), names, self.artifacts)
 
     def _died(self, spec, names, prop, died: WorkerDied) -> ExampleResult:
         """The worker died in one flow's stage: that flow crashed (or timed out);
@@ -346,7 +366,7 @@ class Session:
         if record_only() and currently_in_test_context() and self.already_judged(spec, flows, prop):
             _label("skipped: already judged in this campaign")
             assume(False)
-        result = self._attribute(spec, flows, prop, oracles, self._run(spec, flows, prop, oracles))
+        result = self._attributed_run(spec, flows, prop, oracles)
         if result.new_failures:
             result = self._confirm(result.spec, flows, prop, oracles, result)
         # A follow-up (a new failure of the neutralized spec) is confirmed like
