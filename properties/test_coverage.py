@@ -39,7 +39,7 @@ SMALL_POOL = 8
 def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
     """This shard's corpus programs as ``flow`` runs them, by property; in a
     campaign each of the ``flows`` with the same pack size starts at its own
-    point of the corpus (coverage_corpus.rotated). Both streams' items of one
+    point of each packing class (coverage_corpus.packed). Both streams' items of one
     round share the packing (_programs_cached)."""
     campaign = record_only()
     specs, _ = coverage.stored(artifacts / "coverage", coverage.POOL_PER_FAMILY if campaign else SMALL_POOL)
@@ -48,15 +48,16 @@ def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
         return known_findings.neutralized(spec, known_findings.causes_on(flow.name, spec))[0]
 
     size = coverage.pack_size_for(flow.runtime)
+    index, count = (int(part) for part in os.environ.get("ETPROP_SHARD", "0/1").split("/"))
     # Outside a campaign the corpus runs as drawn (what CI checks is the
     # property's machinery; attribution names any known cause).
-    programs = [program for program, _ in (coverage.for_flow(specs, size, without_known_causes) if campaign
-                                           else coverage.packed(specs, size))]
-    index, count = (int(part) for part in os.environ.get("ETPROP_SHARD", "0/1").split("/"))
     if campaign:
         peers = [other.name for other in flows if coverage.pack_size_for(other.runtime) == size
                  and (other.families is None or "coverage" in other.families)]
-        programs = coverage.rotated(programs[index::count], peers.index(flow.name), len(peers))
+        programs = coverage.for_flow(specs, size, without_known_causes, peers.index(flow.name), len(peers))
+    else:
+        programs = coverage.packed(specs, size)
+    programs = [program for program, _ in programs][index::count]
     by_property = {prop: [program for program in programs if (len(program["methods"]) > 1) == (prop != "coverage")]
                    for prop in SHARES}
     if not campaign:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from etprop.program import coverage_space
 from etprop.program.spec import digest
 
-# Drawn programs per family the corpus chooses from.
+# Drawn programs per pool strategy the corpus chooses from.
 POOL_PER_FAMILY = 150
 # Programs per packed program; coreai-torch converts a large quantized program
 # slowly and in gigabytes (finding COREAI-004), so flows run by the Core AI
@@ -31,6 +31,18 @@ def families() -> dict:
     return {"mixed": programs(min_nodes=6, max_nodes=32), "computed_weights": computed_weight_programs(),
             "control_flow": control_flow_programs(), "multi_method": multi_method_programs(),
             "quantized": quantized_programs()}
+
+
+def pool_strategies() -> list:
+    """What the corpus chooses from: every family, and single-method programs
+    drawn in each half-precision dtype. The mixed family draws a dtype per
+    program, so a form its half-precision programs rarely hold (a transposed
+    convolution in bfloat16) is otherwise reached only by a multi-method program, which
+    cannot be packed and runs a few times per campaign."""
+    from etprop.strategies.programs import programs
+
+    return list(families().values()) + [programs(min_nodes=6, max_nodes=32, dtype=dtype)
+                                        for dtype in ("float16", "bfloat16")]
 
 
 def family_of(spec: dict) -> str:
@@ -66,7 +78,7 @@ def chosen(seed: int, pool_per_family: int = POOL_PER_FAMILY) -> tuple[list[dict
     """The programs of the corpus in the order they were picked (each adding
     the most combinations not yet reached), and every combination the pool reaches."""
     pool: dict = {}
-    for strategy in families().values():
+    for strategy in pool_strategies():
         for spec in drawn(strategy, pool_per_family, seed):
             pool.setdefault(digest(spec), spec)
     specs = list(pool.values())
@@ -74,18 +86,25 @@ def chosen(seed: int, pool_per_family: int = POOL_PER_FAMILY) -> tuple[list[dict
     return [specs[index] for index in picked], wanted
 
 
-def packed(specs: list[dict], pack_size: int, alone: list[dict] = ()) -> list[tuple[dict, list[dict]]]:
+def packed(specs: list[dict], pack_size: int, alone: list[dict] = (), position: int = 0,
+           peers: int = 1) -> list[tuple[dict, list[dict]]]:
     """``specs`` as programs to run: (program, the specs it computes). Specs of
     one packing class go ``pack_size`` to a program, in their order; a spec
     that cannot share a method, and every spec of ``alone``, stays alone. The
-    classes take turns (a float32 pack, a float16 pack, ..., a multi-method
-    program, one of ``alone``, then the next of each), so a budget that ends
-    early has still reached every class."""
+    classes take turns, float ones first (a float32 pack, a float16 pack, a
+    bfloat16 pack, a quantized pack of each scheme, a multi-method program,
+    one of ``alone``, then the next of each), so a budget that ends early has
+    still reached every class, and every dtype the mutation score reads.
+    Flows that run the same packs pass their ``position`` among ``peers``:
+    each class then starts that share of the way in, wrapping around, so a
+    budget that ends after a few turns per flow has still run most of every
+    class on some flow."""
     by_class: dict = {}
     for spec in specs:
         by_class.setdefault(coverage_space.packing_class(spec), []).append(spec)
     queues = []
-    for packing, members in by_class.items():
+    for packing in sorted(by_class, key=_turn_order):
+        members = by_class[packing]
         if packing is None:
             queues.append([(spec, [spec]) for spec in members])
         else:
@@ -93,11 +112,27 @@ def packed(specs: list[dict], pack_size: int, alone: list[dict] = ()) -> list[tu
                            for start in range(0, len(members), pack_size)])
     if alone:
         queues.append([(spec, [spec]) for spec in alone])
+    queues = [queue[len(queue) * position // peers:] + queue[:len(queue) * position // peers] for queue in queues]
     return [queue[turn] for turn in range(max(map(len, queues), default=0)) for queue in queues if turn < len(queue)]
 
 
-def for_flow(specs: list[dict], pack_size: int, without_known_causes) -> list[tuple[dict, list[dict]]]:
-    """The corpus as one flow runs it. A program holding the cause of a
+_DTYPE_TURNS = ("float32", "float16", "bfloat16")
+
+
+def _turn_order(packing) -> tuple:
+    """Float classes by dtype, then quantized ones by scheme, then programs
+    that stay alone."""
+    if packing is None:
+        return (2,)
+    _, dtype, scheme = packing
+    rank = _DTYPE_TURNS.index(dtype) if dtype in _DTYPE_TURNS else len(_DTYPE_TURNS)
+    return (scheme is not None, rank, dtype, scheme or "")
+
+
+def for_flow(specs: list[dict], pack_size: int, without_known_causes, position: int = 0,
+             peers: int = 1) -> list[tuple[dict, list[dict]]]:
+    """The corpus as one flow, ``position`` of ``peers`` running the same
+    packs (packed), runs it. A program holding the cause of a
     finding recorded for the flow fails on it, and in a pack one such part
     hides what the other parts compute: every spec joins its pack as
     ``without_known_causes(spec)`` returns it (the flow's findings'
@@ -113,16 +148,7 @@ def for_flow(specs: list[dict], pack_size: int, without_known_causes) -> list[tu
         if keys - reached:
             alone.append(spec)
             reached |= keys
-    return packed(clean, pack_size, alone)
-
-
-def rotated(programs: list, position: int, peers: int) -> list:
-    """``programs`` starting ``position / peers`` of the way in, wrapping
-    around: flows that run the same packs each start at their own point, so
-    a budget that ends after a few programs per flow has still run most of
-    the corpus on some flow, not its first few programs on every flow."""
-    start = len(programs) * position // peers if peers else 0
-    return programs[start:] + programs[:start]
+    return packed(clean, pack_size, alone, position, peers)
 
 
 def pack_size_for(runtime: str) -> int:

@@ -110,6 +110,34 @@ def test_packed_programs_take_turns_by_class_in_their_order():
         assert coverage_space.keys(program) == set().union(*map(coverage_space.keys, group))
 
 
+def test_float_classes_come_first_and_each_class_starts_at_the_flows_own_point():
+    """A short campaign runs a few turns per flow: those turns hold a pack of
+    every float dtype (what the mutation score reads), and flows running the
+    same packs start each class at their own point."""
+    from etprop.strategies import coverage_corpus as coverage
+
+    quantized = [dict(_relu_chain(n), quantization={"scheme": "static_per_tensor", "modules": None, "calibration": 1})
+                 for n in range(1, 3)]
+    first = [_relu_chain(n) for n in range(1, 5)]
+    brain = [_relu_chain(n, "bfloat16") for n in range(1, 5)]
+    half = [_relu_chain(n, "float16") for n in range(1, 3)]
+    programs = coverage.packed(quantized + brain + half + first, pack_size=2)
+    assert [group for _, group in programs][:4] == [first[:2], half, brain[:2], quantized]
+    second = coverage.packed(quantized + brain + half + first, pack_size=2, position=1, peers=2)
+    assert [group for _, group in second] == [first[2:], half, brain[2:], quantized, first[:2], brain[:2]]
+
+
+def test_the_pool_draws_single_method_programs_in_each_half_precision_dtype():
+    """The mixed family draws a dtype per program: the corpus's packable
+    half-precision programs come from draws of their own."""
+    from etprop.strategies import coverage_corpus as coverage
+
+    extra = coverage.pool_strategies()[len(coverage.families()):]
+    for strategy, dtype in zip(extra, ("float16", "bfloat16"), strict=True):
+        specs = coverage.drawn(strategy, 4, seed=0)
+        assert specs and all(spec.get("dtype") == dtype and len(spec["methods"]) == 1 for spec in specs), dtype
+
+
 def test_a_stored_corpus_is_read_back_not_drawn_again(tmp_path, monkeypatch):
     from etprop.strategies import coverage_corpus as coverage
 
