@@ -159,6 +159,8 @@ BROAD = {
     "TORCHAO-008 (layer)": ("portable", _fixture_spec("torchao_pt2e_grouped_conv_transpose2d_layer_batch_norm.json")),
     "XNN-022 (layer)": ("xnnpack", _fixture_spec("xnnpack_fuse_batch_norm_grouped_conv_transpose2d_layer.json")),
     "COREAI-017": ("coreai", _repro_spec("coreai_bfloat16_circular_conv_empty.json")),
+    # The updated buffer read by a second Core AI delegate, not by an op left outside.
+    "COREAI-008b (second delegate)": ("coreai", _fixture_spec("coreai_mutable_buffer_read_by_second_delegate.json")),
     "XNN-030 (explicit padding)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv_after_explicit_padding.json")),
     # One linear in an inlined map: every iteration quantizes its own input, all with the one bias.
     "XNN-018 (inlined map)": ("xnnpack", _fixture_spec("xnnpack_quantized_bias_in_inlined_map.json")),
