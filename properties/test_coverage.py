@@ -32,7 +32,10 @@ from etprop.verdicts.session import record_only
 # larger share (6, or packs of 25) left coverage items under half their share
 # in a default 30-minute campaign.
 SHARES = {"coverage": 3, "coverage_multi_method": 1}
-# Drawn programs per family outside a campaign.
+# Drawn programs per family outside a campaign, from the families alone: CI
+# runs each flow's first pack as drawn, and a first pack from the targeted
+# draws (coverage_corpus.pool_strategies) holds the causes of a dozen
+# findings, each of which attribution then lowers the pack without.
 SMALL_POOL = 8
 
 
@@ -42,7 +45,8 @@ def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
     point of each packing class (coverage_corpus.packed). Both streams' items of one
     round share the packing (_programs_cached)."""
     campaign = record_only()
-    specs, _ = coverage.stored(artifacts / "coverage", coverage.POOL_PER_FAMILY if campaign else SMALL_POOL)
+    specs, _ = coverage.stored(artifacts / "coverage", coverage.POOL_PER_FAMILY if campaign else SMALL_POOL,
+                               targeted=campaign)
 
     def without_known_causes(spec):
         return known_findings.neutralized(spec, known_findings.causes_on(flow.name, spec))[0]

@@ -33,16 +33,19 @@ def families() -> dict:
             "quantized": quantized_programs()}
 
 
-def pool_strategies() -> list:
-    """What the corpus chooses from: every family, and single-method programs
-    drawn in each half-precision dtype. The mixed family draws a dtype per
-    program, so a form its half-precision programs rarely hold (a transposed
-    convolution in bfloat16) is otherwise reached only by a multi-method program, which
-    cannot be packed and runs a few times per campaign."""
+def pool_strategies(targeted: bool = True) -> list:
+    """What the corpus chooses from: every family, and (``targeted``) single-method programs
+    with twins (``programs(twins=True)``) drawn in each float dtype. The
+    mixed family draws a dtype per program, so a form its half-precision
+    programs rarely hold (a transposed convolution in bfloat16) is otherwise
+    reached only by a multi-method program, which cannot be packed and runs a
+    few times per campaign; and the families draw a twin (the form in which a
+    swapped weight shows) only as one drawer among many. The gate's families
+    stay as they are."""
     from etprop.strategies.programs import programs
 
-    return list(families().values()) + [programs(min_nodes=6, max_nodes=32, dtype=dtype)
-                                        for dtype in ("float16", "bfloat16")]
+    return list(families().values()) + [programs(min_nodes=6, max_nodes=32, dtype=dtype, twins=True)
+                                        for dtype in ("float32", "float16", "bfloat16") if targeted]
 
 
 def family_of(spec: dict) -> str:
@@ -74,11 +77,12 @@ def drawn(strategy, count: int, seed: int) -> list[dict]:
     return specs[:count]
 
 
-def chosen(seed: int, pool_per_family: int = POOL_PER_FAMILY) -> tuple[list[dict], set]:
+def chosen(seed: int, pool_per_family: int = POOL_PER_FAMILY, targeted: bool = True) -> tuple[list[dict], set]:
     """The programs of the corpus in the order they were picked (each adding
-    the most combinations not yet reached), and every combination the pool reaches."""
+    the most combinations not yet reached), and every combination the pool
+    (``pool_strategies(targeted)``) reaches."""
     pool: dict = {}
-    for strategy in pool_strategies():
+    for strategy in pool_strategies(targeted):
         for spec in drawn(strategy, pool_per_family, seed):
             pool.setdefault(digest(spec), spec)
     specs = list(pool.values())
@@ -155,7 +159,7 @@ def pack_size_for(runtime: str) -> int:
     return PACK_SIZE_BY_RUNTIME.get(runtime, PACK_SIZE)
 
 
-def _fingerprint(pool_per_family: int, seed: int) -> str:
+def _fingerprint(pool_per_family: int, seed: int, targeted: bool) -> str:
     """What the corpus depends on: the drawing code, the coverage space and Hypothesis."""
     import hashlib
     from pathlib import Path
@@ -164,7 +168,7 @@ def _fingerprint(pool_per_family: int, seed: int) -> str:
 
     from etprop.program import spec as specmod
 
-    digest = hashlib.sha256(f"{hypothesis.__version__}:{pool_per_family}:{seed}".encode())
+    digest = hashlib.sha256(f"{hypothesis.__version__}:{pool_per_family}:{seed}:{targeted}".encode())
     sources = sorted(Path(__file__).parent.glob("*.py")) + [Path(coverage_space.__file__)]
     sources += sorted(Path(specmod.__file__).parent.glob("*.py"))
     for source in sources:
@@ -172,29 +176,30 @@ def _fingerprint(pool_per_family: int, seed: int) -> str:
     return digest.hexdigest()[:16]
 
 
-def stored_path(folder, pool_per_family: int = POOL_PER_FAMILY, seed: int = 0):
+def stored_path(folder, pool_per_family: int = POOL_PER_FAMILY, seed: int = 0, targeted: bool = True):
     from pathlib import Path
 
-    return Path(folder) / f"corpus-{_fingerprint(pool_per_family, seed)}.json"
+    return Path(folder) / f"corpus-{_fingerprint(pool_per_family, seed, targeted)}.json"
 
 
-def stored(folder, pool_per_family: int = POOL_PER_FAMILY, seed: int = 0) -> tuple[list[dict], set]:
+def stored(folder, pool_per_family: int = POOL_PER_FAMILY, seed: int = 0,
+           targeted: bool = True) -> tuple[list[dict], set]:
     """The corpus kept in ``folder`` (a campaign's ``coverage/``), made and
     stored there first when it is missing or was made by other drawing code:
     a campaign's rounds and workers all read the one its start made."""
     import json
     import os
 
-    path = stored_path(folder, pool_per_family, seed)
+    path = stored_path(folder, pool_per_family, seed, targeted)
     try:
         data = json.loads(path.read_text())
         return data["programs"], {tuple(key) for key in data["wanted"]}
     except (OSError, ValueError, KeyError):
         pass
-    specs, wanted = chosen(seed, pool_per_family)
+    specs, wanted = chosen(seed, pool_per_family, targeted)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.part")
-    partial.write_text(json.dumps({"seed": seed, "pool_per_family": pool_per_family, "programs": specs,
-                                   "wanted": sorted(wanted)}))
+    partial.write_text(json.dumps({"seed": seed, "pool_per_family": pool_per_family, "targeted": targeted,
+                                   "programs": specs, "wanted": sorted(wanted)}))
     partial.replace(path)
     return specs, wanted

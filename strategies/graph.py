@@ -67,6 +67,16 @@ class ProgramDraft:
     # The program's float dtype (spec "dtype"); drawers avoid what torch's
     # CPU kernels lack for half types.
     dtype: str = "float32"
+    # One node in ``twin_odds`` that reads a parameter gets a twin (ops.add_twin);
+    # 0: none, and no draw is spent on it.
+    twin_odds: int = 0
+
+    def reads_parameters(self, node: dict) -> bool:
+        """Whether ``node`` reads state it never writes (a weight, a layer, a
+        parameter, buffer or constant operand): what a twin copies."""
+        entry = self.state.get(node.get("state"))
+        return bool(entry) and entry["kind"] in ("weight", "layer", "parameter", "buffer", "constant") \
+            and not entry.get("mutable")
 
     def fresh(self, prefix: str) -> str:
         return f"{prefix}{next(self.counter)}"

@@ -237,6 +237,24 @@ def _twin_state(g: GraphDraft, name: str) -> str:
     return g.program.add_state(name.rstrip("0123456789"), entry)
 
 
+def add_twin(g: GraphDraft, value: Value) -> Optional[Value]:
+    """``value``'s node again on the same operands, reading its own copy of
+    each state entry (same kind, shape and arguments, other values), as Q/K/V
+    projections or parallel branches do: the form in which a backend that
+    confuses same-shaped parameters is wrong. None unless ``value`` is the
+    last node drawn and reads state."""
+    node = g.nodes[-1] if g.nodes and g.nodes[-1]["id"] == value.name else None
+    if node is None or "state" not in node:
+        return None
+    twin = copy.deepcopy(node)
+    twin["id"] = g.program.fresh("v")
+    twin["state"] = _twin_state(g, twin["state"])
+    if "bias_state" in twin.get("attrs", {}):
+        twin["attrs"]["bias_state"] = _twin_state(g, twin["attrs"]["bias_state"])
+    by_name = {v.name: v for v in g.values}
+    return g.add_node(twin, [by_name[a] for a in twin["args"]], value.shape)
+
+
 def draw_parallel_twins(draw, g):
     """Two ops of one configuration side by side on one input, each with its
     own parameters, then combined (Q/K/V projections, a gated MLP's branches,
@@ -245,15 +263,9 @@ def draw_parallel_twins(draw, g):
     (not a sum or product)."""
     _, drawer = draw(st.sampled_from([d for d in DRAWERS if d[0] in _TWINNABLE]))
     first = drawer(draw, g)
-    if first is None or "state" not in g.nodes[-1]:
+    second = add_twin(g, first) if first is not None else None
+    if second is None:
         return first
-    node = copy.deepcopy(g.nodes[-1])
-    node["id"] = g.program.fresh("v")
-    node["state"] = _twin_state(g, node["state"])
-    if "bias_state" in node.get("attrs", {}):
-        node["attrs"]["bias_state"] = _twin_state(g, node["attrs"]["bias_state"])
-    by_name = {v.name: v for v in g.values}
-    second = g.add_node(node, [by_name[a] for a in node["args"]], first.shape)
     how = draw(st.sampled_from(["sub", "gated", "cat"]))
     if how == "gated":
         return g.add("mul", [g.add("silu", [first]), second])

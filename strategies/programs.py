@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from etprop.program.quantize import SCHEMES
 from etprop.program.spec import FORMAT, QUANTIZED_FORMAT, all_nodes
 from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
-from etprop.strategies.ops import DRAWERS, GEMM_DRAWERS
+from etprop.strategies.ops import DRAWERS, GEMM_DRAWERS, add_twin
 from etprop.strategies.sizes import slot_count
 
 
@@ -44,6 +44,9 @@ def _spec(program: ProgramDraft, methods: dict) -> dict:
     return spec
 
 
+TWIN_ODDS = 5
+
+
 def draw_body(draw, graph: GraphDraft, slots: int, drawers) -> None:
     """Fill ``graph`` with up to ``slots`` nodes drawn from ``drawers``."""
     for _ in range(slots):
@@ -51,8 +54,13 @@ def draw_body(draw, graph: GraphDraft, slots: int, drawers) -> None:
         if choice == 0:
             continue
         name, drawer = drawers[choice - 1]
-        if drawer(draw, graph) is None:
+        value = drawer(draw, graph)
+        if value is None:
             event(f"slot skipped: {name} did not fit")
+        elif graph.program.twin_odds and graph.nodes[-1]["id"] == value.name \
+                and graph.program.reads_parameters(graph.nodes[-1]) \
+                and draw(st.integers(0, graph.program.twin_odds - 1)) == 0 and add_twin(graph, value):
+            event("twin: the same op on the same operands with its own parameters")
 
 
 def finish_method(graph: GraphDraft) -> dict:
@@ -76,16 +84,20 @@ def method_body(draw, program: ProgramDraft, min_nodes: int, max_nodes: int, dra
 
 @st.composite
 def programs(draw, min_nodes: int = 1, max_nodes: int = 32, computed_weights: bool = False,
-             gemm_heavy: bool = False, dtype: str | None = None, dynamic_batch: bool | None = None):
+             gemm_heavy: bool = False, dtype: str | None = None, dynamic_batch: bool | None = None,
+             twins: bool = False):
     """Single-method programs over the whole op vocabulary.
 
     ``computed_weights`` makes every GEMM weight computed from parameters;
     ``gemm_heavy`` doubles the GEMMs' share of node slots. ``dtype`` and
     ``dynamic_batch`` fix what is otherwise drawn (a dynamic batch dim is
-    only made where the graph allows one).
+    only made where the graph allows one). ``twins``: one node in TWIN_ODDS
+    that reads a parameter is drawn again beside itself with parameters of
+    its own (where a swapped weight shows).
     """
     program = ProgramDraft(computed_weights=computed_weights,
-                           dtype=dtype or draw(st.sampled_from(PROGRAM_DTYPES)))
+                           dtype=dtype or draw(st.sampled_from(PROGRAM_DTYPES)),
+                           twin_odds=TWIN_ODDS if twins else 0)
     drawers = DRAWERS + GEMM_DRAWERS if gemm_heavy else DRAWERS
     body = draw(method_body(program, min_nodes, max_nodes, drawers))
     event(f"nodes: {len(body['nodes']) // 8 * 8}-{len(body['nodes']) // 8 * 8 + 7}")

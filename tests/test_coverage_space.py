@@ -127,26 +127,49 @@ def test_float_classes_come_first_and_each_class_starts_at_the_flows_own_point()
     assert [group for _, group in second] == [first[2:], half, brain[2:], quantized, first[:2], brain[:2]]
 
 
-def test_the_pool_draws_single_method_programs_in_each_half_precision_dtype():
-    """The mixed family draws a dtype per program: the corpus's packable
-    half-precision programs come from draws of their own."""
+def test_the_pool_draws_single_method_programs_with_twins_in_each_float_dtype():
+    """The mixed family draws a dtype per program and no twins: the corpus's
+    packable half-precision programs, and its twins, come from draws of their own."""
     from etprop.strategies import coverage_corpus as coverage
 
     extra = coverage.pool_strategies()[len(coverage.families()):]
-    for strategy, dtype in zip(extra, ("float16", "bfloat16"), strict=True):
-        specs = coverage.drawn(strategy, 4, seed=0)
-        assert specs and all(spec.get("dtype") == dtype and len(spec["methods"]) == 1 for spec in specs), dtype
+    for strategy, dtype in zip(extra, ("float32", "float16", "bfloat16"), strict=True):
+        specs = coverage.drawn(strategy, 6, seed=0)
+        assert specs and all(spec.get("dtype", "float32") == dtype and len(spec["methods"]) == 1
+                             for spec in specs), dtype
+
+    from etprop.strategies.programs import programs
+
+    def with_twins(twins: bool) -> int:
+        drawn = coverage.drawn(programs(min_nodes=6, max_nodes=12, dtype="float32", twins=twins), 10, seed=0)
+        return sum(_twins(spec) for spec in drawn)
+
+    assert with_twins(True) > with_twins(False)
+
+
+def _twins(spec: dict) -> int:
+    """Pairs of nodes of one op on the same operands, reading distinct state of one configuration."""
+    nodes = [node for node in spec["methods"]["forward"]["nodes"] if "state" in node]
+
+    def configuration(name):
+        return {k: v for k, v in spec["state"][name].items() if k != "seed"}
+
+    return sum(a["op"] == b["op"] and a["args"] == b["args"] and a["state"] != b["state"]
+               and configuration(a["state"]) == configuration(b["state"])
+               for i, a in enumerate(nodes) for b in nodes[i + 1:])
 
 
 def test_a_stored_corpus_is_read_back_not_drawn_again(tmp_path, monkeypatch):
     from etprop.strategies import coverage_corpus as coverage
 
     made = []
-    monkeypatch.setattr(coverage, "chosen", lambda seed, pool: made.append(pool) or ([LEAKY], {("relu", "", "", "x")}))
+    monkeypatch.setattr(coverage, "chosen", lambda seed, pool, targeted: made.append(pool) or ([LEAKY], {("relu", "", "", "x")}))
     assert coverage.stored(tmp_path, 3) == ([LEAKY], {("relu", "", "", "x")})
     assert coverage.stored(tmp_path, 3) == ([LEAKY], {("relu", "", "", "x")}) and made == [3]
     coverage.stored(tmp_path, 4)
     assert made == [3, 4], "another pool size is another corpus"
+    coverage.stored(tmp_path, 4, targeted=False)
+    assert made == [3, 4, 4], "a pool without the targeted draws is another corpus"
 
 
 def test_a_campaign_round_judges_the_next_programs_of_the_corpus_per_flow(tmp_path, monkeypatch):
@@ -161,7 +184,7 @@ def test_a_campaign_round_judges_the_next_programs_of_the_corpus_per_flow(tmp_pa
     two_methods = dict(chain, methods={"forward": chain["methods"]["forward"], "other": chain["methods"]["forward"]})
     specs = [_relu_chain(n) for n in range(1, 6)] + [two_methods]
     monkeypatch.setattr(coverage, "PACK_SIZE", 2)
-    monkeypatch.setattr(coverage, "stored", lambda folder, pool: (specs, set()))
+    monkeypatch.setattr(coverage, "stored", lambda folder, pool, targeted: (specs, set()))
     monkeypatch.setattr(test_coverage, "per_round", lambda prop: 1)
     monkeypatch.setenv("ETPROP_RECORD_ONLY", "1")
 
