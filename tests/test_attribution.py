@@ -213,6 +213,21 @@ def test_a_confirmed_finding_is_attributed_when_its_neutralization_passes(findin
     assert flow_result.known == finding_id.split(" ")[0], flow_result.message
 
 
+def _exports_only(spec: dict, monkeypatch) -> None:
+    """torch.export rejects every program but ``spec`` (a planted second
+    cause that no neutralization removes)."""
+    from etprop.lowering import pipeline
+
+    original = pipeline.export_program
+
+    def export_program(built):
+        if built.spec != spec:
+            raise pipeline.ExportFailed("torch.export rejected the neutralized program (planted)")
+        return original(built)
+
+    monkeypatch.setattr(pipeline, "export_program", export_program)
+
+
 @pytest.mark.parametrize("finding_id", sorted(EXPORT_ERRORS))
 def test_an_export_error_whose_neutralized_program_exports_is_known(finding_id, session):
     flow_name, spec = EXPORT_ERRORS[finding_id]
@@ -229,14 +244,7 @@ def test_an_export_error_beside_a_known_cause_is_raised_as_new(finding_id, sessi
     from etprop.lowering import pipeline
 
     flow_name, spec = EXPORT_ERRORS[finding_id]
-    original = pipeline.export_program
-
-    def export_program(built):
-        if built.spec != spec:
-            raise pipeline.ExportFailed("torch.export rejected the neutralized program (planted)")
-        return original(built)
-
-    monkeypatch.setattr(pipeline, "export_program", export_program)
+    _exports_only(spec, monkeypatch)
     with pytest.raises(pipeline.ExportFailed, match="'<' not supported"):
         session.run(spec, [flows.get(flow_name)], "mixed", SINGLE_FLOW, attribute=True)
     recorded = [flow for path in (session.artifacts.root / "results").glob("*.jsonl")
@@ -840,17 +848,8 @@ def test_a_neutralized_spec_that_does_not_export_leaves_the_failure_new(session,
     """No evidence, no attribution: when the neutralized program cannot even
     be exported, the failure stays new, and no export error (a generator
     defect) is recorded for a spec etprop derived rather than drew."""
-    from etprop.lowering import pipeline
-
     flow_name, spec = BROAD["XNN-001"]
-    original = pipeline.export_program
-
-    def export_program(built):
-        if built.spec != spec:
-            raise pipeline.ExportFailed("torch.export rejected the neutralized program (planted)")
-        return original(built)
-
-    monkeypatch.setattr(pipeline, "export_program", export_program)
+    _exports_only(spec, monkeypatch)
     result = session.run(spec, [flows.get(flow_name)], "mixed", SINGLE_FLOW, attribute=True)
     (flow_result,) = result.results
     assert flow_result.outcome.is_failure and flow_result.known is None
