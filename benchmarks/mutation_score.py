@@ -39,10 +39,10 @@ def _why_it_survived(row: dict) -> tuple[str, str]:
                                     "no stored output fails")
     if row.get("unbuilt"):
         return "variants do not build", (
-            f"{row['programs']} programs hold the op; in {row['unbuilt']} of them every variant fails to build "
-            "(it changes a shape the rest of the program needs), the others have no form it changes")
-    if row["programs"]:
-        return "no form it changes", (f"{row['programs']} programs hold the op, none in a form the mutant changes "
+            f"{row['held']} programs hold the op; in {row['unbuilt']} of the {row['programs']} in a form it "
+            "changes, every variant fails to build (it changes a shape the rest of the program needs)")
+    if row["held"]:
+        return "no form it changes", (f"{row['held']} programs hold the op, none in a form the mutant changes "
                                       "(the argument at its default, no twin operand or weight)")
     return "op not held", "no corpus program holds the op"
 
@@ -85,7 +85,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--artifacts", default="artifacts", help="a campaign's artifacts directory")
     parser.add_argument("--flows", default="", help="only these flows' outputs (comma-separated)")
-    parser.add_argument("--limit", type=int, default=None, help="at most N programs tried per mutant and dtype")
+    parser.add_argument("--limit", type=int, default=None,
+                        help="at most N programs tried per mutant and dtype (of those in a form it changes)")
     args = parser.parse_args()
     from etprop.program.semantic_mutants import catalogue
 
@@ -100,7 +101,7 @@ def main() -> None:
     rows = score(entries, mutants, args.limit, progress=lambda row: print(
         f"  {row['mutant'].name} [{row['dtype']}]: {row['status']}"
         + (f" by example {row['examples']} on {', '.join(row['flows'])}" if row["status"] == "killed"
-           else f" ({row['programs']} programs hold it)"), flush=True))
+           else f" ({row['held']} programs hold it, {row['programs']} in a form it changes)"), flush=True))
     report(rows, entries, skipped, len(mutants), "python " + " ".join(sys.argv))
     print(f"scored in {time.time() - started:.0f} s")
 

@@ -109,8 +109,33 @@ def test_a_mutant_that_changes_a_shape_is_judged_in_the_shape_the_graph_declares
     start, step = rows["slice ignore_argument start"], rows["slice ignore_argument step"]
     as_mm = rows["matmul relative mm"]
     assert start["status"] == "killed"
-    assert (step["status"], step["programs"], step["unbuilt"]) == ("never drawn", 1, 0)
-    assert (as_mm["status"], as_mm["programs"], as_mm["unbuilt"]) == ("never drawn", 1, 1)
+    assert (step["status"], step["held"], step["programs"], step["unbuilt"]) == ("never drawn", 1, 0, 0)
+    assert (as_mm["status"], as_mm["held"], as_mm["programs"], as_mm["unbuilt"]) == ("never drawn", 1, 1, 1)
+
+
+def test_the_limit_counts_only_programs_in_a_form_the_mutant_changes(tmp_path):
+    """A corpus whose first programs hold ``mul`` with one parameter, and a
+    later one with a same-shaped twin: with a limit of one program per
+    mutant, the swapped weight is still tried on the twin and killed."""
+    def spec(twins: bool, seed: int) -> dict:
+        state = {"p": {"kind": "parameter", "shape": [4], "seed": seed, "scale": 1.0}}
+        nodes = [{"id": "v0", "op": "mul", "args": ["x"], "state": "p"}]
+        if twins:
+            state["q"] = {"kind": "parameter", "shape": [4], "seed": seed + 1, "scale": 1.0}
+            nodes.append({"id": "v1", "op": "mul", "args": ["x"], "state": "q"})
+        return {"format": FORMAT, "state": state, "methods": {"forward": {
+            "inputs": [{"name": "x", "shape": [3, 4], "dtype": "float32"}],
+            "nodes": nodes, "outputs": [node["id"] for node in nodes]}}}
+
+    artifacts = Artifacts(tmp_path)
+    for program in (spec(False, 1), spec(False, 2), spec(True, 3)):
+        example = run_example(program, [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
+        assert example.results[0].outcome.value == "pass"
+        finish(example, ["portable"], artifacts)
+    entries, _ = load_corpus(tmp_path, None)
+    assert len(entries) == 3
+    (row,) = score(entries, [Mutant("mul", "swap_weight")], 1)
+    assert (row["status"], row["held"], row["programs"], row["examples"]) == ("killed", 3, 1, 3)
 
 
 def test_mutants_whose_plain_reset_pytorch_rejects_are_realised_as_the_backend_would_compute_them(tmp_path):

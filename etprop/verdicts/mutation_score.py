@@ -143,18 +143,26 @@ def killed_by(program: Program, built) -> list[str]:
 def score(entries: list[dict], catalogue: list, limit: int | None, progress=None) -> list[dict]:
     """One row per (mutant, dtype) the catalogue and the corpus's dtypes give,
     where the strategies draw what the mutant changes in that dtype;
-    ``progress`` is called with each row as it is decided."""
+    ``progress`` is called with each row as it is decided.
+
+    ``held`` counts the programs holding the op, ``programs`` those of them in
+    a form the mutant changes (it has a variant), which alone are tried:
+    ``limit`` bounds those, so a twin or a drawn argument that comes late in
+    the corpus is not cut off by earlier programs that cannot show it."""
     programs: dict[int, Program] = {}
     dtypes = sorted({e["spec"].get("dtype", "float32") for e in entries})
     rows = []
     for mutant in catalogue:
         for dtype in filter(mutant.drawn_in, dtypes):
-            row = {"mutant": mutant, "dtype": dtype, "status": "never drawn", "programs": 0, "unbuilt": 0}
+            row = {"mutant": mutant, "dtype": dtype, "status": "never drawn", "held": 0, "programs": 0,
+                   "unbuilt": 0}
             for entry in entries:
                 if entry["spec"].get("dtype", "float32") != dtype or not mutant.applies_to(entry["spec"]):
                     continue
-                if limit and row["programs"] >= limit:
-                    break
+                row["held"] += 1
+                if row["status"] == "killed" or (limit and row["programs"] >= limit) \
+                        or next(mutant.variants(entry["spec"]), None) is None:
+                    continue
                 row["programs"] += 1
                 if entry["index"] not in programs:
                     try:
@@ -180,7 +188,6 @@ def score(entries: list[dict], catalogue: list, limit: int | None, progress=None
                     continue
                 if flows:
                     row.update(status="killed", flows=flows, examples=entry["index"], seconds=entry["offset"])
-                    break
             rows.append(row)
             if progress:
                 progress(row)
