@@ -125,22 +125,36 @@ def program_weights(built) -> list[Weight]:
     return weights
 
 
+def stored_constants(built) -> list[Weight]:
+    """The program's plain tensor constants: stored by value like weights, so
+    a weight's bytes found inside one (drawn from the same seed) are that
+    constant's storage, not a copy of the weight."""
+    return [Weight(name, tensor.detach()) for name, tensor in built.constants().items()
+            if tensor.dtype.is_floating_point and tensor.numel() * tensor.element_size() >= MIN_BYTES]
+
+
+def _outside_others(blob: bytes, weight: Weight, found: dict, others: list[Weight]) -> dict:
+    """``found`` without the occurrences that lie inside another tensor's stored bytes."""
+    inside = inside_other_weights(blob, weight, others)
+    found = {order: len([at for at in _positions(blob, data) if at not in inside])
+             for order, data in _layouts(weight.tensor) if order in found}
+    return {order: count for order, count in found.items() if count}
+
+
 def check(lowering, lowerings=None) -> Verdict:
     if not lowering.flow.promises.weights_stored_once:
         return Verdict.passed(NAME, f"flow {lowering.flow.name} does not promise single storage")
     blob = lowering.pte
     duplicates, placement = [], {}
     weights = program_weights(lowering.built)
+    others = weights + stored_constants(lowering.built)
     for weight in weights:
         found = count_occurrences(blob, weight.tensor)
         placement[weight.name] = found
         total = sum(found.values())
         if total > weight.copies:
             # Only a suspected duplicate pays for the search among the others.
-            inside = inside_other_weights(blob, weight, weights)
-            found = {order: len([at for at in _positions(blob, data) if at not in inside])
-                     for order, data in _layouts(weight.tensor) if order in found}
-            found = {order: count for order, count in found.items() if count}
+            found = _outside_others(blob, weight, found, others)
             total = sum(found.values())
         if total > weight.copies:
             layouts = ", ".join(f"{n}x as dims {order}" for order, n in found.items())
@@ -149,7 +163,8 @@ def check(lowering, lowerings=None) -> Verdict:
                               f"{total} times: {layouts}")
     for weight in weights:
         if weight.computed_from and placement[weight.name] \
-                and all(placement.get(source) for source in weight.computed_from):
+                and all(placement.get(source) for source in weight.computed_from) \
+                and _outside_others(blob, weight, placement[weight.name], others):
             duplicates.append(f"{weight.name} is stored folded and so are all its sources "
                               f"{list(weight.computed_from)}")
     if duplicates:

@@ -277,3 +277,42 @@ def test_growth_does_not_count_a_weight_found_inside_a_larger_one():
     assert verdict.ok, verdict.message
     doubled = dataclasses.replace(lowering, pte=lowering.pte + growth.tensor_bytes(buffers["small"]))
     assert "small (4, 2) (32 bytes) stored 2 times" in growth.check(doubled).message
+
+
+def test_growth_does_not_count_a_weight_found_inside_a_constant_or_a_larger_weight():
+    """Bytes shared by seed, not stored twice: a buffer whose bytes begin a
+    larger tensor constant drawn from the same seed, and a computed weight
+    (0.25 x 2 x 2: the seed's values themselves) found inside a larger
+    parameter while its source is stored too. Neither is growth."""
+    from etprop.program.spec import FORMAT
+
+    spec = {"format": FORMAT, "state": {
+        "table": {"kind": "constant", "shape": [1, 11], "seed": 2, "scale": 1.0},
+        "small": {"kind": "buffer", "shape": [4, 2], "seed": 2, "scale": 1.0},
+        "big": {"kind": "parameter", "shape": [4, 9], "seed": 5, "scale": 1.0},
+        "w": {"kind": "weight", "shape": [4, 4], "seed": 5, "scale": 0.25,
+              "parametrizations": [{"type": "scale", "factor": 2.0}, {"type": "scale", "factor": 2.0}]}},
+        "methods": {"forward": {"inputs": [{"name": "x", "shape": [4, 2], "dtype": "float32"},
+                                           {"name": "y", "shape": [3, 11], "dtype": "float32"},
+                                           {"name": "z", "shape": [4, 9], "dtype": "float32"},
+                                           {"name": "u", "shape": [3, 4], "dtype": "float32"}], "nodes": [
+            {"id": "v1", "op": "mul", "args": ["y"], "state": "table"},
+            {"id": "v2", "op": "minimum", "args": ["x"], "state": "small"},
+            {"id": "v3", "op": "add", "args": ["z"], "state": "big"},
+            {"id": "v4", "op": "mm", "args": ["u"], "state": "w"},
+        ], "outputs": ["v1", "v2", "v3", "v4"]}}}
+    built = builder.build(spec)
+    buffers, parameters = dict(built.module.named_buffers()), dict(built.module.named_parameters())
+    assert growth.tensor_bytes(buffers["small"]) in growth.tensor_bytes(built.constants()["table"]), \
+        "the premise: a buffer's bytes begin the constant"
+    computed = next(w for w in growth.program_weights(built) if w.computed_from)
+    assert growth.tensor_bytes(computed.tensor) in growth.tensor_bytes(parameters["big"]), \
+        "the premise: the computed weight's bytes begin a larger parameter"
+    lowering = pipeline.lower(built, flows.get("portable"))
+    assert lowering.ok, lowering.error
+    assert sum(growth.count_occurrences(lowering.pte, buffers["small"]).values()) == 2
+    assert growth.count_occurrences(lowering.pte, computed.tensor)
+    verdict = growth.check(lowering)
+    assert verdict.ok, verdict.message
+    folded = dataclasses.replace(lowering, pte=lowering.pte + growth.tensor_bytes(computed.tensor))
+    assert "is stored folded and so are all its sources" in growth.check(folded).message
