@@ -143,16 +143,37 @@ def for_flow(specs: list[dict], pack_size: int, without_known_causes, position: 
     neutralizations), so packs pass and their outputs serve mutation analysis.
     A spec whose neutralization removed a combination no other program
     reaches also runs as drawn, alone: every combination is still exercised,
-    and a fixed finding still shows."""
-    clean = [without_known_causes(spec) for spec in specs]
-    lost = [coverage_space.keys(spec) - coverage_space.keys(neutral) for spec, neutral in zip(specs, clean)]
+    and a fixed finding still shows. So does a spec whose neutralization no
+    longer computes (a pool's ``ceil_mode`` reset shortens what a later op
+    needs): in a pack it would fail export for every part."""
+    pairs, alone = [], []
+    for spec in specs:
+        neutral = without_known_causes(spec)
+        if neutral != spec and not _computes(neutral):
+            alone.append(spec)
+        else:
+            pairs.append((spec, neutral))
+    clean = [neutral for _, neutral in pairs]
     reached = set().union(*(coverage_space.keys(spec) for spec in clean))
-    alone = []
-    for spec, keys in zip(specs, lost):
+    for spec, neutral in pairs:
+        keys = coverage_space.keys(spec) - coverage_space.keys(neutral)
         if keys - reached:
             alone.append(spec)
             reached |= keys
     return packed(clean, pack_size, alone, position, peers)
+
+
+def _computes(spec: dict) -> bool:
+    """Whether ``spec`` builds and its eager program runs on its first inputs."""
+    from etprop.program import builder
+
+    try:
+        built = builder.build(spec)
+        for method in built.methods:
+            built.eager(method, built.inputs(method))
+    except Exception:
+        return False
+    return True
 
 
 def pack_size_for(runtime: str) -> int:

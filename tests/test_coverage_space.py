@@ -254,3 +254,25 @@ def test_a_flow_runs_its_packs_with_the_causes_of_its_findings_neutralized():
     reached = set().union(*(coverage_space.keys(program) for program, _ in programs))
     assert reached == set().union(*map(coverage_space.keys, [LEAKY, adds, VARIANCE]))
     assert coverage.for_flow([LEAKY], 4, on("xnnpack")) == coverage.packed([LEAKY], 4)
+
+
+def test_a_spec_whose_neutralization_no_longer_computes_runs_as_drawn_alone():
+    """COREAI-002's neutralization resets an average pool's ``ceil_mode``,
+    which shortens its output: the max pool after it then has nothing to pool
+    and the rewritten spec does not export. It must not join a pack (the
+    pack would fail for every part): it runs as drawn, alone."""
+    from etprop.strategies import coverage_corpus as coverage
+    from etprop.verdicts import known_findings
+
+    pools = _program([{"id": "v1", "op": "avg_pool1d", "args": ["x"],
+                       "attrs": {"kernel_size": 4, "stride": 4, "ceil_mode": True}},
+                      {"id": "v2", "op": "max_pool1d", "args": ["v1"], "attrs": {"kernel_size": 2}}],
+                     ["v2"], shape=(2, 3, 5))
+
+    def on_coreai(spec):
+        return known_findings.neutralized(spec, known_findings.causes_on("coreai", spec))[0]
+
+    assert not coverage._computes(on_coreai(pools)) and coverage._computes(pools), "the premise"
+    programs = coverage.for_flow([LEAKY, pools], 3, on_coreai)
+    assert [group for _, group in programs] == [[LEAKY], [pools]]
+    assert all(coverage._computes(program) for program, _ in programs)
