@@ -126,6 +126,8 @@ def killed_by(program: Program, built) -> list[str]:
     from etprop.oracles import tolerance
 
     flows = []
+    # Flows of one runtime share their error budgets, so their references: one per case and runtime.
+    references: dict = {}
     for flow, record in program.entry["flows"].items():
         runtime = record["runtime"] or "executorch"
         ulps = tolerance.op_ulps(runtime, program.dtype)
@@ -133,8 +135,10 @@ def killed_by(program: Program, built) -> list[str]:
             inputs = program.inputs.get((method, kind))
             if inputs is None:
                 continue
-            reference = built.reference(method, inputs, ulps=ulps)
-            if tolerance.judge(reference, actual, runtime).problem:
+            key = (method, kind, runtime)
+            if key not in references:
+                references[key] = built.reference(method, inputs, ulps=ulps)
+            if tolerance.judge(references[key], actual, runtime).problem:
                 flows.append(flow)
                 break
     return flows
