@@ -146,6 +146,8 @@ BROAD = {
     "XNN-019 (layer)": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_layer_same_even_kernel.json")),
     "XNN-030": ("xnnpack", _repro_spec("xnnpack_dynamic_linear_then_conv_shapes.json")),
     "XNN-031": ("xnnpack", _repro_spec("xnnpack_float_conv_transpose1d_reads_dequantized_load.json")),
+    "XNN-032": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_then_linear_bias.json")),
+    "XNN-032b": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_then_linear_load.json")),
     "EXIR-007": ("xnnpack+fold", _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")),
     # Forms a campaign found beside a finding's own repro.
     "COREAI-016 (adaptive_avg_pool2d)": ("coreai", _fixture_spec("coreai_dynamic_batch_adaptive_avg_pool.json")),
@@ -169,6 +171,7 @@ BROAD = {
     "XNN-015 (found form)": ("xnnpack", _fixture_spec("xnnpack_quantized_single_pixel_shared_found_form.json")),
     # A quantized Conv1d layer, not a linear, before the float transposed convolution (a second method).
     "XNN-031 (after a conv1d)": ("xnnpack", _fixture_spec("xnnpack_float_conv_transpose1d_after_quantized_conv1d.json")),
+    "XNN-032 (layers)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv_layer_then_linear_layer.json")),
 }
 # Programs torch.export rejects, by a finding's cause. Neutralized, they
 # export, and stop at the 1.5.1 emitter's while_loop limit (unsupported): no
@@ -485,6 +488,14 @@ def test_same_padding_put_on_explicitly_computes_the_same_values(repro):
 def test_a_convolution_reading_its_input_through_float64_computes_the_same_values():
     """XNN-030's neutralization: the cast to float64 and back before the convolution is exact."""
     _equivalent_form(_repro_spec("xnnpack_dynamic_linear_then_conv_shapes.json"), "XNN-030", ".double().to(")
+
+
+@pytest.mark.parametrize("spec", [_repro_spec("xnnpack_dynamic_conv_then_linear_bias.json"),
+                                  _fixture_spec("xnnpack_dynamic_conv_layer_then_linear_layer.json")],
+                         ids=["functional", "layers"])
+def test_a_linear_reading_a_convolution_through_float64_computes_the_same_values(spec):
+    """XNN-032's neutralization: the linear's input cast to float64 and back is exact."""
+    _equivalent_form(spec, "XNN-032", ".double().to(")
 
 
 def test_a_shared_single_pixel_value_through_float64_computes_the_same_values():

@@ -130,9 +130,12 @@ def _interpolate(args, attrs):
 
 
 def _linear_functional(args, attrs, state):
-    """``separate_bias``: the product, then the bias added (the same values;
-    a neutralization)."""
+    """``separate_bias``: the product, then the bias added; ``input_via_float64``:
+    it reads its input cast to float64 and back, through a cast no delegate
+    takes (the same values; neutralizations)."""
     bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
+    if attrs.get("input_via_float64"):
+        args = [f"{args[0]}.double().to({args[0]}.dtype)"] + list(args[1:])
     if attrs.get("separate_bias") and attrs.get("bias_state"):
         return f"torch.add(F.linear({args[0]}, {_weight_operand(state, attrs)}, None), {bias})"
     return f"F.linear({args[0]}, {_weight_operand(state, attrs)}, {bias})"
