@@ -37,6 +37,12 @@ def _avg_pool(fn: str, *kwnames: str) -> Render:
     return render
 
 
+def _through_float64(operand: str) -> str:
+    """``operand`` cast to float64 and back: the same values, through a cast
+    no delegate takes (``input_via_float64``)."""
+    return f"{operand}.double().to({operand}.dtype)"
+
+
 def _layer(args, attrs, state):
     """``two_pass`` (GroupNorm) and ``layer_norm_two_pass`` (LayerNorm): the
     variance taken about the mean; ``input_copy``: the layer reads a copy of
@@ -54,7 +60,7 @@ def _layer(args, attrs, state):
     then the convolution without padding."""
     operand = f"{args[0]}.clone()" if attrs.get("input_copy") else args[0]
     if attrs.get("input_via_float64"):
-        operand = f"{operand}.double().to({operand}.dtype)"
+        operand = _through_float64(operand)
     if attrs.get("same_padding_explicit"):
         return f"_conv_same_padded_explicitly(self.{state}, {operand})"
     if attrs.get("circular_padding_explicit"):
@@ -135,7 +141,7 @@ def _linear_functional(args, attrs, state):
     takes (the same values; neutralizations)."""
     bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
     if attrs.get("input_via_float64"):
-        args = [f"{args[0]}.double().to({args[0]}.dtype)"] + list(args[1:])
+        args = [_through_float64(args[0])] + list(args[1:])
     if attrs.get("separate_bias") and attrs.get("bias_state"):
         return f"torch.add(F.linear({args[0]}, {_weight_operand(state, attrs)}, None), {bias})"
     return f"F.linear({args[0]}, {_weight_operand(state, attrs)}, {bias})"
@@ -157,7 +163,7 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
                     f"{attrs.get('dilation', 1)!r}, {attrs.get('groups', 1)!r}"
                     + (", via_float64=True)" if via else ")"))
         if via:
-            args = [f"{args[0]}.double().to({args[0]}.dtype)"] + list(args[1:])
+            args = [_through_float64(args[0])] + list(args[1:])
         if transposed and attrs.get("pad_output") and attrs.get("output_padding"):
             # ``pad_output``: the full transposed convolution, cropped by
             # padding and extended by output_padding with zeros, then the bias
