@@ -148,6 +148,8 @@ BROAD = {
     "XNN-031": ("xnnpack", _repro_spec("xnnpack_float_conv_transpose1d_reads_dequantized_load.json")),
     "XNN-032": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_then_linear_bias.json")),
     "XNN-032b": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_then_linear_load.json")),
+    "COREAI-018": ("coreai", _repro_spec("coreai_dynamic_batch_slice_batch_norm1d.json")),
+    "COREAI-019": ("coreai", _repro_spec("coreai_dynamic_batch_batch_norm1d_then_transpose.json")),
     "EXIR-007": ("xnnpack+fold", _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")),
     # Forms a campaign found beside a finding's own repro.
     "COREAI-016 (adaptive_avg_pool2d)": ("coreai", _fixture_spec("coreai_dynamic_batch_adaptive_avg_pool.json")),
@@ -328,7 +330,8 @@ def test_a_neutralization_changes_only_what_its_finding_names(finding):
             before_entry, after_entry = spec["state"][name], after["state"][name]
             differing = {k for k in before_entry.keys() | after_entry.keys()
                          if before_entry.get(k) != after_entry.get(k)}
-            assert differing <= {"parametrizations", "kwargs", "mutable", "frozen"}, (finding.id, name, differing)
+            assert differing <= {"parametrizations", "kwargs", "mutable", "frozen", "batch_counter_int32"}, \
+                (finding.id, name, differing)
         top = {key for key in spec.keys() | after.keys()
                if key not in ("state", "methods") and spec.get(key) != after.get(key)}
         folds = any(rule["rewrite"] == "quantize_folded_weights" for rule in finding.neutralize)
@@ -496,6 +499,33 @@ def test_a_convolution_reading_its_input_through_float64_computes_the_same_value
 def test_a_linear_reading_a_convolution_through_float64_computes_the_same_values(spec):
     """XNN-032's neutralization: the linear's input cast to float64 and back is exact."""
     _equivalent_form(spec, "XNN-032", ".double().to(")
+
+
+@pytest.mark.parametrize("finding_id, repro", [
+    ("COREAI-018", "coreai_dynamic_batch_slice_batch_norm1d.json"),
+    ("COREAI-019", "coreai_dynamic_batch_batch_norm1d_then_transpose.json")])
+def test_a_batch_norm_with_an_int32_counter_computes_the_same_values(finding_id, repro):
+    """COREAI-018's and COREAI-019's neutralization: the eval batch norm never
+    reads num_batches_tracked, so with the counter in int32 the values are
+    exact, and the module holds no 64-bit tensor left to export."""
+    import torch
+
+    from etprop.program import builder
+
+    spec = _repro_spec(repro)
+    _equivalent_form(spec, finding_id, "num_batches_tracked.int()")
+    rewritten = builder.build(neutralize(spec, list(next(
+        f for f in known_findings.load() if f.id == finding_id).neutralize))[0])
+    assert not [b for b in rewritten.module.buffers() if b.dtype == torch.int64]
+    assert [b for b in builder.build(spec).module.buffers() if b.dtype == torch.int64]
+
+
+def test_a_static_program_keeps_its_batch_counter():
+    """The counter matters only where a dim is dynamic: a static program keeps its form."""
+    spec = _repro_spec("coreai_dynamic_batch_slice_batch_norm1d.json")
+    del spec["methods"]["forward"]["inputs"][0]["dynamic"]
+    rule = list(next(f for f in known_findings.load() if f.id == "COREAI-018").neutralize)
+    assert neutralize(spec, rule)[1] == 0
 
 
 def test_a_shared_single_pixel_value_through_float64_computes_the_same_values():

@@ -644,6 +644,9 @@ def _state_lines(name: str, entry: dict, program_dtype: str = "float32") -> list
         lines.append(f"_parametrize(self.{name}, {p.get('on', 'weight')!r}, {p['type']!r}{extra})")
     if entry.get("frozen"):
         lines.append(f"self.{name}.requires_grad_(False)")
+    if entry.get("batch_counter_int32"):
+        # Only training reads a batch norm's counter: eval computes the same from an int32 one.
+        lines.append(f"self.{name}.num_batches_tracked = self.{name}.num_batches_tracked.int()")
     return lines
 
 

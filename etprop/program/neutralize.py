@@ -69,6 +69,11 @@ Rewrites (``{"rewrite": NAME, ...}``):
   (control-flow bodies included), every layer, weight and parameter is
   frozen (``requires_grad`` off): the same values and the same exported
   program, only autograd no longer tracks them while torch traces it.
+- ``int32_batch_counter_when_dynamic``: ``types``; in a program with a dynamic
+  input dim, every layer of those types holds its ``num_batches_tracked``
+  counter as int32, not int64 (``batch_counter_int32``): the same values in
+  eval (only training reads it), and no 64-bit tensor among the exported
+  program's inputs.
 - ``quantize_folded_weights``: a quantized program's computed weights are
   stored as their values before quantizing (``fold_computed_weights``): the
   same float program, whose weights PT2E no longer quantizes op by op.
@@ -227,6 +232,16 @@ def _frozen_state(spec: dict, rule: dict) -> int:
     for entry in thawed:
         entry["frozen"] = True
     return len(thawed)
+
+
+def _int32_batch_counter_when_dynamic(spec: dict, rule: dict) -> int:
+    if not any(entry.get("dynamic") for body in spec["methods"].values() for entry in body["inputs"]):
+        return 0
+    counted = [entry for entry in spec["state"].values()
+               if entry["kind"] == "layer" and entry["type"] in rule["types"] and not entry.get("batch_counter_int32")]
+    for entry in counted:
+        entry["batch_counter_int32"] = True
+    return len(counted)
 
 
 def _quantize_folded_weights(spec: dict, rule: dict) -> int:
@@ -416,6 +431,7 @@ REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "bias_per_use": _bias_per_use,
     "quantize_folded_weights": _quantize_folded_weights,
     "frozen_state": _frozen_state,
+    "int32_batch_counter_when_dynamic": _int32_batch_counter_when_dynamic,
     "set_attrs": _set_attrs,
     "drop_attrs": _drop_attrs,
     "copy_attrs": _copy_attrs,
