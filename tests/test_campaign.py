@@ -494,3 +494,22 @@ def test_rounds_give_large_shares_slices_and_keep_every_item_within_one_slice(mo
         for name in ran:
             served[name] += round_examples(shares[name])
     assert served == shares
+
+
+def test_another_campaign_seed_draws_other_programs(tmp_path):
+    """The same code and seed draw the same programs (a campaign reproduces);
+    ``--seed`` moves every round to other seeds, and seed 0 keeps the seeds
+    campaigns have always had."""
+    from etprop.commands import campaign, cli
+
+    def seeds(*extra):
+        args = cli.build_parser().parse_args(["fuzz", "--flows", "portable", "--artifacts", str(tmp_path), *extra])
+        run = campaign.Campaign.from_args(args)
+        return [next(arg for arg in run._pytest_command(index, 1) if arg.startswith("--etprop-seed="))
+                for index in range(3)]
+
+    default = seeds()
+    assert default == seeds("--seed", "0") and len(set(default)) == 3
+    assert default[0] == f"--etprop-seed={campaign.round_seed((0, 1), 0)}"
+    other = seeds("--seed", "7")
+    assert not set(other) & set(default) and other == seeds("--seed", "7")

@@ -1,8 +1,9 @@
 """Fuzzing campaigns: rounds of the properties under pytest (+ xdist), within a budget.
 
 A campaign runs the property suite in rounds, each a pytest process with the
-``fuzz`` Hypothesis profile, a seed derived from (shard, round) so shards and
-rounds explore different programs, and the shared example database, so a
+``fuzz`` Hypothesis profile, a seed derived from (shard, round, campaign
+seed) so shards, rounds and campaigns run with another ``--seed`` explore
+different programs (the same code and seed draw the same ones), and the shared example database, so a
 failure found anywhere is replayed first everywhere. Rounds keep each pytest
 process short-lived: a native crash or a hang costs one round, not the
 campaign. The budget is checked between rounds and inside a round (examples
@@ -178,8 +179,9 @@ def parse_shard(text: str) -> tuple[int, int]:
     return index, count
 
 
-def round_seed(shard: tuple[int, int], round_index: int) -> int:
-    digest = hashlib.sha256(f"etprop:{shard[0]}/{shard[1]}:{round_index}".encode()).digest()
+def round_seed(shard: tuple[int, int], round_index: int, seed: int = 0) -> int:
+    key = f"etprop:{shard[0]}/{shard[1]}:{round_index}" + (f":{seed}" if seed else "")
+    digest = hashlib.sha256(key.encode()).digest()
     return int.from_bytes(digest[:8], "big") % (2 ** 63)
 
 
@@ -196,6 +198,7 @@ class Campaign:
     properties: str = ""
     flow_modules: list[str] = field(default_factory=list)
     shrink: bool = True
+    seed: int = 0
 
     @classmethod
     def from_args(cls, args) -> "Campaign":
@@ -205,7 +208,7 @@ class Campaign:
             raise UsageError("--workers must be at least 1")
         return cls(chosen, args.minutes, args.examples, args.workers, parse_shard(args.shard),
                    Path(args.artifacts), args.db, args.db_readonly, args.properties, args.flow_module,
-                   not args.no_shrink)
+                   not args.no_shrink, args.seed)
 
     def _env(self, deadline_file: Path) -> dict:
         from etprop.verdicts.repro import atomic_write
@@ -223,7 +226,7 @@ class Campaign:
         return env
 
     def _pytest_command(self, round_index: int, per_round: int, workers: int | None = None) -> list[str]:
-        command = properties_command(round_seed(self.shard, round_index),
+        command = properties_command(round_seed(self.shard, round_index, self.seed),
                                      self.artifacts / "reports" / f"junit-round{round_index}.xml")
         command += [f"--etprop-examples={per_round}", f"--etprop-round={round_index}"]
         workers = workers or self.workers
@@ -331,7 +334,7 @@ class Campaign:
         triage_budget, triage_spent = self.minutes * 60 * TRIAGE_SHARE, 0.0
         print(f"etprop fuzz: flows {', '.join(self.flows)}; budget {self.minutes:g} min"
               + (f" or {self.examples} examples per property x flow" if self.examples else "")
-              + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; artifacts {self.artifacts}")
+              + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; seed {self.seed}; artifacts {self.artifacts}")
         self._round = self._internal_rounds = 0
         if not self.properties or "coverage" in self.properties:
             made = time.time()

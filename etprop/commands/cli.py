@@ -152,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="pytest-xdist workers on this machine (default: one per core)")
     p.add_argument("--shard", default="0/1", help="this machine's shard, i/N (seeds differ per shard)")
+    p.add_argument("--seed", type=int, default=0,
+                   help="campaign seed: the same code and seed draw the same programs, another seed others "
+                        "(e.g. one per nightly run; default: 0)")
     p.add_argument("--db", default="", help="example database: a directory or redis://host:port/db")
     p.add_argument("--db-readonly", default="", help="a database to replay without writing to it")
     p.add_argument("--properties", default="", help="pytest -k expression selecting properties")
