@@ -149,6 +149,9 @@ BROAD = {
     "XNN-032": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_then_linear_bias.json")),
     "XNN-032b": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_then_linear_load.json")),
     "COREAI-018": ("coreai", _repro_spec("coreai_dynamic_batch_slice_batch_norm1d.json")),
+    "XNN-033": ("xnnpack", _repro_spec("xnnpack_quantized_add_then_batch_norm1d.json")),
+    # EXIR-006's program with the scan's result added to the linear's: a cycle through the scan.
+    "EXIR-006b": ("coreai", _repro_spec("coreai_weight_shared_with_scan_cycle.json")),
     "COREAI-019": ("coreai", _repro_spec("coreai_dynamic_batch_batch_norm1d_then_transpose.json")),
     "EXIR-007": ("xnnpack+fold", _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")),
     # Forms a campaign found beside a finding's own repro.
@@ -525,6 +528,28 @@ def test_a_static_program_keeps_its_batch_counter():
     spec = _repro_spec("coreai_dynamic_batch_slice_batch_norm1d.json")
     del spec["methods"]["forward"]["inputs"][0]["dynamic"]
     rule = list(next(f for f in known_findings.load() if f.id == "COREAI-018").neutralize)
+    assert neutralize(spec, rule)[1] == 0
+
+
+def test_a_batch_norm_reading_its_input_through_float64_computes_the_same_values():
+    """XNN-033's neutralization: the BatchNorm1d's input cast to float64 and back is exact."""
+    _equivalent_form(_repro_spec("xnnpack_quantized_add_then_batch_norm1d.json"), "XNN-033", ".double().to(")
+
+
+@pytest.mark.parametrize("producer", ["conv1d", "layer:Conv1d"])
+def test_a_batch_norm_after_a_convolution_keeps_its_form(producer):
+    """A convolution's batch norm is fused into it when quantizing (XNN-033's
+    neutralization leaves it alone): a cast between them would undo that."""
+    spec = _repro_spec("xnnpack_quantized_add_then_batch_norm1d.json")
+    body = spec["methods"]["forward"]
+    if producer == "conv1d":
+        spec["state"]["w"] = _weight((2, 2, 1), 4)
+        body["nodes"][0] = {"id": "v1", "op": "conv1d", "args": ["x0"], "state": "w"}
+    else:
+        spec["state"]["c"] = {"kind": "layer", "type": "Conv1d", "seed": 5,
+                              "kwargs": {"in_channels": 2, "out_channels": 2, "kernel_size": 1}}
+        body["nodes"][0] = {"id": "v1", "op": "layer", "args": ["x0"], "state": "c"}
+    rule = list(next(f for f in known_findings.load() if f.id == "XNN-033").neutralize)
     assert neutralize(spec, rule)[1] == 0
 
 

@@ -15,7 +15,8 @@ Rewrites (``{"rewrite": NAME, ...}``):
   ``types`` optional: only layers of these types; ``state_kwargs`` optional:
   only layers constructed with these arguments; ``after`` optional: only
   nodes whose first operand one of these ops computes, a layer named by its
-  type as ``layer:TYPE``; ``dtypes`` optional:
+  type as ``layer:TYPE``; ``not_after`` optional: only nodes
+  whose first operand none of these ops computes; ``dtypes`` optional:
   only in programs of these dtypes; ``schemes`` optional: only in programs
   quantized with one of these schemes).
 - ``drop_attrs``: ``ops``, ``attrs``; those attributes removed (back to the op's default).
@@ -117,14 +118,17 @@ def _set_attrs(spec: dict, rule: dict) -> int:
         return 0
     if "schemes" in rule and (spec.get("quantization") or {}).get("scheme") not in rule["schemes"]:
         return 0
-    producers = _producers(spec) if "after" in rule else {}
+    producers = _producers(spec) if "after" in rule or "not_after" in rule else {}
     for node in _nodes_of(spec, rule["ops"]):
         entry = spec["state"].get(node.get("state"), {})
         if "types" in rule and entry.get("type") not in rule["types"]:
             continue
         if any(entry.get("kwargs", {}).get(name) != value for name, value in rule.get("state_kwargs", {}).items()):
             continue
-        if "after" in rule and not producers.get((node.get("args") or [None])[0], set()) & set(rule["after"]):
+        made_by = producers.get((node.get("args") or [None])[0], set())
+        if "after" in rule and not made_by & set(rule["after"]):
+            continue
+        if made_by & set(rule.get("not_after", ())):
             continue
         attrs = node.get("attrs", {})
         if not _has(attrs, rule.get("where", {})) or not all(_nonzero(attrs.get(name)) for name in rule.get("having", ())):

@@ -285,9 +285,13 @@ class Session:
                 self.artifacts.pending_path(spec, prop).unlink(missing_ok=True)
                 return again
             flow_result.known = self._which(spec, flows, prop, oracles, index, flow_result, found, alone_runs)
+        # What the neutralized run's own attribution left after neutralizing
+        # a further cause: recorded one level down only, so lift it here.
+        nested, again.followups = again.followups, []
         if again.new_failures:
             result.followups.append(again)
-        else:
+        result.followups.extend(nested)
+        if not again.new_failures:
             # Not an example of its own, but a program that ran: what passed
             # serves mutation analysis like any other corpus program.
             self.artifacts.keep_in_corpus(again)
