@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from etprop.oracles import Verdict
+from etprop.program.builder import tensor_constants
 
 NAME = "no program growth"
 # Tensors smaller than this are not searched: a few bytes can match by chance.
@@ -129,11 +130,8 @@ def stored_constants(built) -> list[Weight]:
     """The program's plain tensor constants: stored by value like weights, so
     a weight's bytes found inside one (drawn from the same seed) are that
     constant's storage, not a copy of the weight."""
-    constants = {name: getattr(built.module, name, None) for name, entry in built.spec["state"].items()
-                 if entry["kind"] == "constant"}
-    return [Weight(name, tensor.detach()) for name, tensor in constants.items()
-            if isinstance(tensor, torch.Tensor) and tensor.dtype.is_floating_point
-            and tensor.numel() * tensor.element_size() >= MIN_BYTES]
+    return [Weight(name, tensor.detach()) for name, tensor in tensor_constants(built.spec, built.module).items()
+            if tensor.dtype.is_floating_point and tensor.numel() * tensor.element_size() >= MIN_BYTES]
 
 
 def _outside_others(blob: bytes, weight: Weight, found: dict, others: list[Weight]) -> dict:

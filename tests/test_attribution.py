@@ -149,10 +149,10 @@ BROAD = {
     "XNN-032": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_then_linear_bias.json")),
     "XNN-032b": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_then_linear_load.json")),
     "COREAI-018": ("coreai", _repro_spec("coreai_dynamic_batch_slice_batch_norm1d.json")),
+    "COREAI-019": ("coreai", _repro_spec("coreai_dynamic_batch_batch_norm1d_then_transpose.json")),
     "XNN-033": ("xnnpack", _repro_spec("xnnpack_quantized_add_then_batch_norm1d.json")),
     # EXIR-006's program with the scan's result added to the linear's: a cycle through the scan.
     "EXIR-006b": ("coreai", _repro_spec("coreai_weight_shared_with_scan_cycle.json")),
-    "COREAI-019": ("coreai", _repro_spec("coreai_dynamic_batch_batch_norm1d_then_transpose.json")),
     "EXIR-007": ("xnnpack+fold", _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")),
     # Forms a campaign found beside a finding's own repro.
     "COREAI-016 (adaptive_avg_pool2d)": ("coreai", _fixture_spec("coreai_dynamic_batch_adaptive_avg_pool.json")),

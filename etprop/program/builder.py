@@ -940,9 +940,7 @@ class BuiltProgram:
         return Reference(expected, self._wide(method, inputs, restore), jittered, directional)
 
     def constants(self) -> dict:
-        """The module's plain tensor attributes (spec entries of kind "constant")."""
-        return {name: getattr(self.module, name) for name, entry in self.spec["state"].items()
-                if entry["kind"] == "constant"}
+        return tensor_constants(self.spec, self.module)
 
     def _wide(self, method: str, inputs: tuple, restore: bool) -> list:
         if self._double is None:
@@ -965,6 +963,11 @@ class BuiltProgram:
         finally:
             if restore:
                 self.module.load_state_dict(self._initial)
+
+
+def tensor_constants(spec: dict, module: torch.nn.Module) -> dict:
+    """The module's plain tensor attributes (spec entries of kind "constant")."""
+    return {name: getattr(module, name) for name, entry in spec["state"].items() if entry["kind"] == "constant"}
 
 
 @dataclass

@@ -290,12 +290,12 @@ class Session:
         nested, again.followups = again.followups, []
         if again.new_failures:
             result.followups.append(again)
-        result.followups.extend(nested)
-        if not again.new_failures:
+        else:
             # Not an example of its own, but a program that ran: what passed
             # serves mutation analysis like any other corpus program.
             self.artifacts.keep_in_corpus(again)
             self.artifacts.pending_path(neutral, prop).unlink(missing_ok=True)
+        result.followups.extend(nested)
         return result
 
     def _which(self, spec, flows, prop, oracles, index: int, failure, found: list, alone_runs: dict) -> str:
