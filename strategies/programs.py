@@ -158,17 +158,23 @@ def computed_weight_programs(min_nodes: int = 1, max_nodes: int = 16):
 
 
 def _shapes(program: ProgramDraft, body: dict, inputs: list[Value]) -> dict | None:
-    """Every node's shape with other input shapes, or None if one no longer type-checks."""
+    """Every node's shape with other input shapes, or None if one no longer
+    type-checks. Inferred under fake tensors, which check what meta kernels
+    do not (a convolution's input channels against its weight): another batch
+    size can reach a channel dim through a view (``unsqueeze(0)``)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
     graph = GraphDraft(program, inputs)
     known = {v.name: v for v in inputs}
-    for node in body["nodes"]:
-        if node["op"] in ("cond", "map", "scan", "while_loop"):
-            return None
-        args = [known[a] for a in node["args"]]
-        shape = graph.infer(node, args)
-        if shape is None or not all(shape):
-            return None
-        known[node["id"]] = Value(node["id"], shape)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        for node in body["nodes"]:
+            if node["op"] in ("cond", "map", "scan", "while_loop"):
+                return None
+            args = [known[a] for a in node["args"]]
+            shape = graph.infer(node, args)
+            if shape is None or not all(shape):
+                return None
+            known[node["id"]] = Value(node["id"], shape)
     return {name: value.shape for name, value in known.items()}
 
 

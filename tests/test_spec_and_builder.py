@@ -269,3 +269,31 @@ def test_a_batch_is_made_dynamic_only_where_export_needs_no_guard_on_it(shape, d
     if dynamic:
         spec = {"format": "etprop-spec/1", "methods": {"forward": body}, "state": {}}
         pipeline.export_program(builder.build(spec))
+
+
+def test_another_batch_reaching_a_convolution_channel_is_rejected():
+    """Multi-method programs reuse a graph at another batch size; a view can
+    carry the batch into a channel dim (``unsqueeze(0)`` before a
+    ConvTranspose1d), where meta kernels infer a shape without checking the
+    weight. Such a method would not export: the re-check must refuse it."""
+    from hypothesis import strategies as st
+
+    from etprop.strategies.graph import Value
+    from etprop.strategies.programs import ProgramDraft, _reinfer
+
+    program = ProgramDraft(dtype="float32")
+    layer = program.add_state("l", {"kind": "layer", "type": "ConvTranspose1d", "seed": 1, "kwargs": {
+        "in_channels": 4, "out_channels": 4, "kernel_size": 1, "groups": 4}})
+    body = {"inputs": [{"name": "x0", "shape": [4, 10], "dtype": "float32"}],
+            "nodes": [{"id": "v1", "op": "unsqueeze", "args": ["x0"], "attrs": {"dim": 0}},
+                      {"id": "v2", "op": "layer", "args": ["v1"], "state": layer}],
+            "outputs": ["v2"]}
+    checked = []
+
+    @settings(max_examples=1, database=None)
+    @given(st.just(None))
+    def recheck(_):  # inference records Hypothesis events: inside a test
+        checked[:] = [_reinfer(program, body, [Value("x0", (size, 10))]) for size in (4, 5)]
+
+    recheck()
+    assert checked == [True, False]
