@@ -100,14 +100,21 @@ def packed(specs: list[dict], pack_size: int, alone: list[dict] = (), position: 
     one of ``alone``, then the next of each), so a budget that ends early has
     still reached every class, and every dtype the mutation score reads.
     Flows that run the same packs pass their ``position`` among ``peers``:
-    each class then starts that share of the way in, wrapping around, so a
-    budget that ends after a few turns per flow has still run most of every
-    class on some flow."""
+    each class then starts that share of the way in, wrapping around, and the
+    float turn starts at the ``position``-th dtype, so a budget that ends
+    after a pack or two per flow has still run every float dtype, and most of
+    every class, on some flow."""
     by_class: dict = {}
     for spec in specs:
         by_class.setdefault(coverage_space.packing_class(spec), []).append(spec)
+    order = sorted(by_class, key=_turn_order)
+    # Each peer starts its float turn at another dtype: flows that run one
+    # pack each have together run every float dtype.
+    floats = [packing for packing in order if packing is not None and packing[2] is None]
+    turn = position % len(floats) if floats else 0
+    order = floats[turn:] + floats[:turn] + [packing for packing in order if packing not in floats]
     queues = []
-    for packing in sorted(by_class, key=_turn_order):
+    for packing in order:
         members = by_class[packing]
         if packing is None:
             queues.append([(spec, [spec]) for spec in members])

@@ -113,7 +113,8 @@ def test_packed_programs_take_turns_by_class_in_their_order():
 def test_float_classes_come_first_and_each_class_starts_at_the_flows_own_point():
     """A short campaign runs a few turns per flow: those turns hold a pack of
     every float dtype (what the mutation score reads), and flows running the
-    same packs start each class at their own point."""
+    same packs start each class at their own point, and the float turn at
+    their own dtype (one pack per flow still reaches every dtype)."""
     from etprop.strategies import coverage_corpus as coverage
 
     quantized = [dict(_relu_chain(n), quantization={"scheme": "static_per_tensor", "modules": None, "calibration": 1})
@@ -124,7 +125,9 @@ def test_float_classes_come_first_and_each_class_starts_at_the_flows_own_point()
     programs = coverage.packed(quantized + brain + half + first, pack_size=2)
     assert [group for _, group in programs][:4] == [first[:2], half, brain[:2], quantized]
     second = coverage.packed(quantized + brain + half + first, pack_size=2, position=1, peers=2)
-    assert [group for _, group in second] == [first[2:], half, brain[2:], quantized, first[:2], brain[:2]]
+    assert [group for _, group in second] == [half, brain[2:], first[2:], quantized, brain[:2], first[:2]]
+    third = coverage.packed(quantized + brain + half + first, pack_size=2, position=2, peers=3)
+    assert [group for _, group in third][0] == brain[2:]
 
 
 def test_the_pool_draws_single_method_programs_with_twins_in_each_float_dtype():
