@@ -191,9 +191,13 @@ def _method(name: str, *kwnames: str) -> Render:
 
 
 def _binary_with_state(fn: str, *kwnames: str) -> Render:
-    """Binary op whose second operand may be a parameter/buffer/constant."""
+    """Binary op whose second operand may be a parameter/buffer/constant;
+    ``input_via_float64``: its first operand cast to float64 and back (a
+    neutralization)."""
     def render(args, attrs, state):
         operands = list(args)
+        if attrs.get("input_via_float64"):
+            operands[0] = _through_float64(operands[0])
         if state:
             operands.append(f"self.{state}")
         if "scalar" in attrs:
