@@ -13,6 +13,7 @@ quantized properties run PT2E in CI on their own; a packed quantized program
 costs minutes on Core AI)."""
 
 import functools
+import hashlib
 import os
 from pathlib import Path
 
@@ -58,7 +59,9 @@ def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
     if campaign:
         peers = [other.name for other in flows if coverage.pack_size_for(other.runtime) == size
                  and (other.families is None or "coverage" in other.families)]
-        programs = coverage.for_flow(specs, size, without_known_causes, peers.index(flow.name), len(peers))
+        findings = hashlib.sha256(known_findings.INDEX.read_bytes()).hexdigest()
+        programs = coverage.for_flow_stored(artifacts / "coverage", f"{flow.name}:{findings}", specs, size,
+                                            without_known_causes, peers.index(flow.name), len(peers))
     else:
         programs = coverage.packed(specs, size)
     programs = [program for program, _ in programs][index::count]

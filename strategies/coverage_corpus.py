@@ -170,6 +170,31 @@ def for_flow(specs: list[dict], pack_size: int, without_known_causes, position: 
     return packed(clean, pack_size, alone, position, peers)
 
 
+def for_flow_stored(folder, key: str, specs: list[dict], pack_size: int, without_known_causes, position: int = 0,
+                    peers: int = 1) -> list[tuple[dict, list[dict]]]:
+    """``for_flow``, kept in ``folder`` under ``key`` (what the packing depends
+    on beyond the corpus: the flow, and the findings that neutralize its
+    causes): every round of a campaign and every worker reads the packing the
+    first one made, which builds each neutralized spec (some 20 s a flow)."""
+    import hashlib
+    import json
+    import os
+    from pathlib import Path
+
+    digest = hashlib.sha256(json.dumps([key, pack_size, position, peers, specs], sort_keys=True).encode()).hexdigest()
+    path = Path(folder) / f"packs-{digest[:16]}.json"
+    try:
+        return [(program, group) for program, group in json.loads(path.read_text())]
+    except (OSError, ValueError):
+        pass
+    programs = for_flow(specs, pack_size, without_known_causes, position, peers)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.part")
+    partial.write_text(json.dumps(programs))
+    partial.replace(path)
+    return programs
+
+
 def _computes(spec: dict) -> bool:
     """Whether ``spec`` builds and its eager program runs on its first inputs."""
     from etprop.program import builder

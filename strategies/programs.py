@@ -162,19 +162,27 @@ def _shapes(program: ProgramDraft, body: dict, inputs: list[Value]) -> dict | No
     type-checks. Inferred under fake tensors, which check what meta kernels
     do not (a convolution's input channels against its weight): another batch
     size can reach a channel dim through a view (``unsqueeze(0)``)."""
+    import logging
+
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     graph = GraphDraft(program, inputs)
     known = {v.name: v for v in inputs}
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        for node in body["nodes"]:
-            if node["op"] in ("cond", "map", "scan", "while_loop"):
-                return None
-            args = [known[a] for a in node["args"]]
-            shape = graph.infer(node, args)
-            if shape is None or not all(shape):
-                return None
-            known[node["id"]] = Value(node["id"], shape)
+    # Fake tensors log every kernel that rejects its inputs; here a rejection is an answer.
+    fake_log = logging.getLogger("torch._subclasses.fake_tensor")
+    was_disabled, fake_log.disabled = fake_log.disabled, True
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True):
+            for node in body["nodes"]:
+                if node["op"] in ("cond", "map", "scan", "while_loop"):
+                    return None
+                args = [known[a] for a in node["args"]]
+                shape = graph.infer(node, args)
+                if shape is None or not all(shape):
+                    return None
+                known[node["id"]] = Value(node["id"], shape)
+    finally:
+        fake_log.disabled = was_disabled
     return {name: value.shape for name, value in known.items()}
 
 

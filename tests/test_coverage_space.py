@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from types import SimpleNamespace
 
+import pytest
 import torch
 
 from etprop.program import builder, coverage_space
@@ -279,3 +280,21 @@ def test_a_spec_whose_neutralization_no_longer_computes_runs_as_drawn_alone():
     programs = coverage.for_flow([LEAKY, pools], 3, on_coreai)
     assert [group for _, group in programs] == [[LEAKY], [pools]]
     assert all(coverage._computes(program) for program, _ in programs)
+
+
+def test_a_flow_packing_is_made_once_and_read_back(tmp_path, monkeypatch):
+    """Rounds and workers read the stored packing; another key (another flow,
+    other findings) makes its own."""
+    from etprop.strategies import coverage_corpus as coverage
+
+    specs = [_relu_chain(n) for n in range(1, 5)] + [_relu_chain(n, "float16") for n in range(1, 3)]
+    made = coverage.for_flow_stored(tmp_path, "xnnpack:1", specs, 2, lambda spec: spec, 1, 2)
+    assert made == coverage.for_flow(specs, 2, lambda spec: spec, 1, 2)
+
+    def not_again(*args):
+        raise AssertionError("packed again")
+
+    monkeypatch.setattr(coverage, "for_flow", not_again)
+    assert coverage.for_flow_stored(tmp_path, "xnnpack:1", specs, 2, lambda spec: spec, 1, 2) == made
+    with pytest.raises(AssertionError, match="packed again"):
+        coverage.for_flow_stored(tmp_path, "xnnpack:2", specs, 2, lambda spec: spec, 1, 2)
