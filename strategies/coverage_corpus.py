@@ -153,10 +153,12 @@ def for_flow(specs: list[dict], pack_size: int, without_known_causes, position: 
     and a fixed finding still shows. So does a spec whose neutralization no
     longer computes (a pool's ``ceil_mode`` reset shortens what a later op
     needs): in a pack it would fail export for every part."""
+    from etprop.program import builder
+
     pairs, alone = [], []
     for spec in specs:
         neutral = without_known_causes(spec)
-        if neutral != spec and not _computes(neutral):
+        if neutral != spec and not builder.computes(neutral):
             alone.append(spec)
         else:
             pairs.append((spec, neutral))
@@ -193,19 +195,6 @@ def for_flow_stored(folder, key: str, specs: list[dict], pack_size: int, without
     partial.write_text(json.dumps(programs))
     partial.replace(path)
     return programs
-
-
-def _computes(spec: dict) -> bool:
-    """Whether ``spec`` builds and its eager program runs on its first inputs."""
-    from etprop.program import builder
-
-    try:
-        built = builder.build(spec)
-        for method in built.methods:
-            built.eager(method, built.inputs(method))
-    except Exception:
-        return False
-    return True
 
 
 def pack_size_for(runtime: str) -> int:

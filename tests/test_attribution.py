@@ -1086,11 +1086,12 @@ def test_a_rewrite_can_be_narrowed_to_layers_built_with_given_arguments():
     assert by_hand == {"plain": True, "affine": False}
 
 
-def test_campaigns_run_most_drawn_programs_with_equivalent_known_causes_removed():
-    """A float16 batch norm on XNNPACK holds XNN-024's cause; written by hand
-    it keeps every coverage combination, so a campaign runs it so, except
-    the one program in AS_DRAWN_ONE_IN (by digest) kept as drawn. KERNELS-001's
-    rewrite drops `alpha`, a combination: that program runs as drawn."""
+def test_campaigns_run_most_drawn_programs_with_known_causes_removed():
+    """A float16 batch norm on XNNPACK holds XNN-024's cause: a campaign runs
+    it written by hand, except the one program in AS_DRAWN_ONE_IN (by
+    digest) kept as drawn. KERNELS-001's rewrite drops `alpha` (a
+    combination, not an equivalent form): removed too, since as drawn the
+    known failure would hide the rest of the program."""
     from etprop import flows
     from etprop.program.spec import FORMAT, digest
     from etprop.verdicts import session as sessionmod
@@ -1102,19 +1103,33 @@ def test_campaigns_run_most_drawn_programs_with_equivalent_known_causes_removed(
                                         "nodes": [{"id": "v1", "op": "layer", "args": ["x"], "state": "n"}],
                                         "outputs": ["v1"]}}}
 
-    rewritten, applied = known_findings.equivalent_neutralization(batch_norm(1), ["xnnpack"])
+    rewritten, applied = known_findings.campaign_neutralization(batch_norm(1), ["xnnpack"])
     assert applied == ["XNN-024"] and rewritten["methods"]["forward"]["nodes"][0]["attrs"] == {"by_hand": True}
     adds = {"format": FORMAT, "state": {}, "methods": {"forward": {
         "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
         "nodes": [{"id": "v1", "op": "add", "args": ["x", "x"], "attrs": {"alpha": 2.0}}], "outputs": ["v1"]}}}
-    assert known_findings.causes_on("portable", adds) and \
-        known_findings.equivalent_neutralization(adds, ["portable"]) == (adds, [])
+    rewritten, applied = known_findings.campaign_neutralization(adds, ["portable"])
+    assert applied == ["KERNELS-001"] and "alpha" not in rewritten["methods"]["forward"]["nodes"][0]["attrs"]
+    assert known_findings.equivalent_neutralization(adds, ["portable"]) == (adds, [])
     specs = [batch_norm(seed) for seed in range(1, 40)]
     kept = [spec for spec in specs if int(digest(spec), 16) % sessionmod.AS_DRAWN_ONE_IN == 0]
     assert kept and len(kept) < len(specs)
     for spec in specs:
         ran = sessionmod._known_causes_removed(spec, [flows.get("xnnpack")])
         assert (ran == spec) == (spec in kept)
+
+
+def test_a_removal_that_no_longer_computes_keeps_only_the_equivalent_forms(monkeypatch):
+    """A rewrite can change a shape a later op needs: the campaign then runs
+    the program with the equivalent forms alone, never one that cannot run."""
+    from etprop.program import builder
+    from etprop.program.spec import FORMAT
+
+    adds = {"format": FORMAT, "state": {}, "methods": {"forward": {
+        "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
+        "nodes": [{"id": "v1", "op": "add", "args": ["x", "x"], "attrs": {"alpha": 2.0}}], "outputs": ["v1"]}}}
+    monkeypatch.setattr(builder, "computes", lambda spec, float_only=False: "alpha" in json.dumps(spec))
+    assert known_findings.campaign_neutralization(adds, ["portable"]) == (adds, [])
 
 
 @pytest.mark.parametrize("shape, attrs", [

@@ -276,10 +276,10 @@ def test_a_spec_whose_neutralization_no_longer_computes_runs_as_drawn_alone():
     def on_coreai(spec):
         return known_findings.neutralized(spec, known_findings.causes_on("coreai", spec))[0]
 
-    assert not coverage._computes(on_coreai(pools)) and coverage._computes(pools), "the premise"
+    assert not builder.computes(on_coreai(pools)) and builder.computes(pools), "the premise"
     programs = coverage.for_flow([LEAKY, pools], 3, on_coreai)
     assert [group for _, group in programs] == [[LEAKY], [pools]]
-    assert all(coverage._computes(program) for program, _ in programs)
+    assert all(builder.computes(program) for program, _ in programs)
 
 
 def test_a_flow_packing_is_made_once_and_read_back(tmp_path, monkeypatch):

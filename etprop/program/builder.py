@@ -1056,6 +1056,21 @@ def check_shapes(spec: dict) -> None:
                                 f"{type(exc).__name__}: {text[:200]}") from None
 
 
+def computes(spec: dict, float_only: bool = False) -> bool:
+    """Whether ``spec`` builds and its eager program runs on its first inputs
+    (``float_only``: its float program, before any quantization): a rewrite
+    such as a neutralization can change a shape a later op needs."""
+    if float_only:
+        spec = {key: value for key, value in spec.items() if key != "quantization"}
+    try:
+        built = build(spec, validate=not float_only)
+        for method in built.methods:
+            built.eager(method, built.inputs(method))
+    except Exception:
+        return False
+    return True
+
+
 def build(spec: dict, validate: bool = True) -> BuiltProgram:
     """Spec → module (in eval mode) with its generated source."""
     if validate:

@@ -151,6 +151,24 @@ def causes_on(flow: str, spec: dict) -> list[Finding]:
             and finding.holds_conditions(spec) and neutralize(spec, list(finding.neutralize))[1]]
 
 
+def campaign_neutralization(spec: dict, flows: list[str]) -> tuple[dict, list[str]]:
+    """``spec`` with the causes of the flows' recorded findings removed, and
+    the findings so neutralized: what a campaign runs instead of a drawn
+    program holding a known cause, whose failure would stop the lowering and
+    hide whatever else the program holds. Every rewrite where the rewritten
+    program still computes (an argument reset can change a shape a later op
+    needs); otherwise the equivalent forms alone."""
+    from etprop.program.builder import computes
+
+    found = {finding.id: finding for flow in flows for finding in causes_on(flow, spec)}
+    if not found:
+        return spec, []
+    rewritten, _ = neutralize(spec, [rule for finding in found.values() for rule in finding.neutralize])
+    if computes(rewritten, float_only=True):
+        return rewritten, list(found)
+    return equivalent_neutralization(spec, flows)
+
+
 def equivalent_neutralization(spec: dict, flows: list[str]) -> tuple[dict, list[str]]:
     """``spec`` with the causes of the flows' recorded findings removed where
     the rewrite keeps every coverage combination (an equivalent form of the

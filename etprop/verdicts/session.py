@@ -51,12 +51,11 @@ AS_DRAWN_ONE_IN = 5
 def _known_causes_removed(spec: dict, flows: list) -> dict:
     """Campaigns spend their budget on the unknown: a drawn program holding
     the cause of a finding recorded for its flows runs with that cause
-    neutralized where the rewrite is an equivalent form (every coverage
-    combination kept), except one program in AS_DRAWN_ONE_IN (chosen by its
-    digest), which runs as drawn."""
+    neutralized (known_findings.campaign_neutralization), except one program
+    in AS_DRAWN_ONE_IN (chosen by its digest), which runs as drawn."""
     if int(specdigest(spec), 16) % AS_DRAWN_ONE_IN == 0:
         return spec
-    rewritten, applied = known_findings.equivalent_neutralization(spec, [flow.name for flow in flows])
+    rewritten, applied = known_findings.campaign_neutralization(spec, [flow.name for flow in flows])
     if applied:
         _label("known causes removed before running: " + ", ".join(applied))
     return rewritten
