@@ -152,6 +152,8 @@ BROAD = {
     "COREAI-019": ("coreai", _repro_spec("coreai_dynamic_batch_batch_norm1d_then_transpose.json")),
     "XNN-033": ("xnnpack", _repro_spec("xnnpack_quantized_add_then_batch_norm1d.json")),
     "XNN-023": ("xnnpack", _repro_spec("xnnpack_quantized_min_static_operand_init_failure.json")),
+    "XNN-019b": ("xnnpack", _repro_spec("xnnpack_dynamic_per_channel_conv_same_even_kernel_not_delegated.json")),
+    "XNN-034": ("xnnpack", _repro_spec("xnnpack_quantized_batch_norm1d_then_conv1d_load.json")),
     # EXIR-006's program with the scan's result added to the linear's: a cycle through the scan.
     "EXIR-006b": ("coreai", _repro_spec("coreai_weight_shared_with_scan_cycle.json")),
     "EXIR-007": ("xnnpack+fold", _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")),
@@ -535,6 +537,11 @@ def test_a_static_program_keeps_its_batch_counter():
 def test_a_batch_norm_reading_its_input_through_float64_computes_the_same_values():
     """XNN-033's neutralization: the BatchNorm1d's input cast to float64 and back is exact."""
     _equivalent_form(_repro_spec("xnnpack_quantized_add_then_batch_norm1d.json"), "XNN-033", ".double().to(")
+
+
+def test_a_batch_norm_whose_output_goes_through_float64_computes_the_same_values():
+    """XNN-034's neutralization: the BatchNorm1d's output cast to float64 and back is exact."""
+    _equivalent_form(_repro_spec("xnnpack_quantized_batch_norm1d_then_conv1d_load.json"), "XNN-034", "_via_float64(self.")
 
 
 def test_a_minimum_reading_its_operand_through_float64_computes_the_same_values():

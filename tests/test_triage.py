@@ -46,6 +46,21 @@ def test_signature_keeps_the_kind_of_failure_and_blanks_what_varies_with_the_pro
         signature("coreai", "lowering error", "[lowering] FAILED (lowering error): KeyError: 'x'")
 
 
+def test_signature_blanks_the_flow_a_message_names_and_nothing_else():
+    """A failure that names its flow is one failure on every flow that shows
+    it (triage then places it in the backend, not in one candidate)."""
+    def coverage(flow):
+        return (f"[delegation coverage] FAILED (property violation): 1 GEMM(s) that {flow} promises to delegate "
+                "run on portable kernels: forward/aten_convolution_default (convolution, quantized weight)")
+
+    detail = [signature(flow, "property violation", coverage(flow)).split(" | ", 1)[1]
+              for flow in ("xnnpack", "xnnpack+fold", "coreai+multifunction")]
+    assert detail[0] == detail[1] == detail[2] and "<flow>" in detail[0]
+    quoted = "[lowering] FAILED (lowering error): KeyError: in executorch.backends.xnnpack.partition (xnnpack+fold)"
+    assert "backends.xnnpack.partition" in signature("xnnpack", "lowering error", quoted)
+    assert "(xnnpack+fold)" in signature("xnnpack", "lowering error", quoted)
+
+
 def _functional_tensor_error(quoted_frames: int) -> str:
     """A lowering error whose text quotes another traceback (torch.fx's
     "Original traceback"), then the traceback of the raise itself."""

@@ -1,7 +1,7 @@
 """Failure signatures: what two failures of one defect share, whatever program showed it.
 
-The flow, the outcome, the oracle, and the message with values, names and
-positions blanked; for a mismatch, only the kind of difference (elements that
+The flow, the outcome, the oracle, and the message with values, names,
+positions and the flow's own name blanked; for a mismatch, only the kind of difference (elements that
 differ, or non-finite where eager is finite), since the numbers, the output and
 the input class change with the program. Campaign triage groups failures by it,
 and a campaign marks each signature as a Hypothesis target so the database
@@ -40,6 +40,9 @@ def signature(flow: str, outcome: str, message: str) -> str:
         closing = verdict.rfind("\n" + lines[0].split(":")[0] + ":")
         functions = _FUNCTION.findall(verdict[:closing] if closing > 0 else verdict)
         first = lines[0] + (f" (in {functions[-1]})" if functions else "")
+        # A message naming its own flow ("GEMMs that xnnpack+fold promises to
+        # delegate") is the same failure as on another flow naming itself.
+        first = re.sub(rf"(?<![\w.+/-]){re.escape(flow)}(?![\w.+/-])", "<flow>", first)
         blanked = _NAME_WITH_DIGITS.sub("…", _ADDRESS.sub("0x…", _QUOTED.sub("'…'", first)))
         detail = _NUMBER.sub("#", blanked)[:200]
     return f"{flow} | {outcome} | {oracle} | {detail}"
