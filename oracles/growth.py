@@ -115,7 +115,13 @@ def program_weights(built) -> list[Weight]:
                 value = getattr(owner, attribute).detach()
             # A computed weight that is only a re-layout of its source (stored
             # transposed or flat) is that source: count it once, as the source.
-            if any(data in seen for _, data in _layouts(value)):
+            # One equal to another state entry's computed weight (a bias given
+            # its own copy of a weight) is a distinct tensor: each may be stored once.
+            same = next((seen[data] for _, data in _layouts(value) if data in seen), None)
+            if same is not None:
+                if same.computed_from is not None and same.name.endswith("(computed)") \
+                        and not same.name.startswith(f"{state_name}."):
+                    same.copies += 1
                 continue
             key = tensor_bytes(value)
             if value.numel() * value.element_size() >= MIN_BYTES:

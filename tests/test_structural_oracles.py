@@ -316,3 +316,31 @@ def test_growth_does_not_count_a_weight_found_inside_a_constant_or_a_larger_weig
     assert verdict.ok, verdict.message
     folded = dataclasses.replace(lowering, pte=lowering.pte + growth.tensor_bytes(computed.tensor))
     assert "is stored folded and so are all its sources" in growth.check(folded).message
+
+
+def test_growth_allows_two_state_entries_computing_the_same_weight():
+    """XNN-016's neutralization gives an addmm's bias its own copy of the
+    weight it shared: two state entries, the same computed values, each
+    stored once (a campaign's program, quantized dynamically per channel and
+    folded, on XNNPACK). Not growth; a third copy still is."""
+    from etprop.program.spec import QUANTIZED_FORMAT
+
+    entry = {"kind": "weight", "shape": [1, 12], "seed": 5, "scale": 0.2887, "parametrizations": [
+        {"type": "spectral_norm", "dim": 1, "n_power_iterations": 3, "vectors_as_parameters": True},
+        {"type": "buffer_scale", "seed": 264}, {"type": "buffer_scale", "seed": 95}]}
+    spec = {"format": QUANTIZED_FORMAT, "state": {"w": entry, "w_bias": dict(entry)},
+            "quantization": {"scheme": "dynamic_per_channel", "modules": None, "calibration": 1,
+                             "fold_computed_weights": True},
+            "methods": {"forward": {"inputs": [{"name": "x", "shape": [1, 1], "dtype": "float32"}], "nodes": [
+                {"id": "v1", "op": "addmm", "args": ["x"], "state": "w",
+                 "attrs": {"bias_state": "w_bias", "separate_bias": True}}], "outputs": ["v1"]}}}
+    built = builder.build(spec)
+    (computed,) = [w for w in growth.program_weights(built) if w.computed_from]
+    assert computed.copies == 2
+    lowering = pipeline.lower(built, flows.get("xnnpack"), pipeline.export_program(built))
+    assert lowering.ok, lowering.error
+    assert sum(growth.count_occurrences(lowering.pte, computed.tensor).values()) == 2, "the premise: both stored"
+    verdict = growth.check(lowering)
+    assert verdict.ok, verdict.message
+    tripled = dataclasses.replace(lowering, pte=lowering.pte + growth.tensor_bytes(computed.tensor))
+    assert "stored 3 times" in growth.check(tripled).message
