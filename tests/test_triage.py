@@ -59,6 +59,7 @@ def test_signature_blanks_the_flow_a_message_names_and_nothing_else():
     quoted = "[lowering] FAILED (lowering error): KeyError: in executorch.backends.xnnpack.partition (xnnpack+fold)"
     assert "backends.xnnpack.partition" in signature("xnnpack", "lowering error", quoted)
     assert "(xnnpack+fold)" in signature("xnnpack", "lowering error", quoted)
+    assert "<flow>" not in signature("", "lowering error", quoted), "no flow named: nothing blanked"
 
 
 def _functional_tensor_error(quoted_frames: int) -> str:

@@ -42,7 +42,8 @@ def signature(flow: str, outcome: str, message: str) -> str:
         first = lines[0] + (f" (in {functions[-1]})" if functions else "")
         # A message naming its own flow ("GEMMs that xnnpack+fold promises to
         # delegate") is the same failure as on another flow naming itself.
-        first = re.sub(rf"(?<![\w.+/-]){re.escape(flow)}(?![\w.+/-])", "<flow>", first)
+        if flow:
+            first = re.sub(rf"(?<![\w.+/-]){re.escape(flow)}(?![\w.+/-])", "<flow>", first)
         blanked = _NAME_WITH_DIGITS.sub("…", _ADDRESS.sub("0x…", _QUOTED.sub("'…'", first)))
         detail = _NUMBER.sub("#", blanked)[:200]
     return f"{flow} | {outcome} | {oracle} | {detail}"
