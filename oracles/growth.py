@@ -119,8 +119,7 @@ def program_weights(built) -> list[Weight]:
             # its own copy of a weight) is a distinct tensor: each may be stored once.
             same = next((seen[data] for _, data in _layouts(value) if data in seen), None)
             if same is not None:
-                if same.computed_from is not None and same.name.endswith("(computed)") \
-                        and not same.name.startswith(f"{state_name}."):
+                if same.name.endswith("(computed)") and not same.name.startswith(f"{state_name}."):
                     same.copies += 1
                 continue
             key = tensor_bytes(value)
