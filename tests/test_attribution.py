@@ -79,17 +79,17 @@ def _float_repro_spec(name: str) -> dict:
     return {**spec, "format": FORMAT}
 
 
-def _equivalent_form(spec: dict, finding_id: str, marker: str):
-    """``spec`` and its neutralization by ``finding_id`` (one place changed,
-    ``marker`` in the rewritten source only), built; each computes on normal
-    and large inputs exactly what the other does."""
+def _equivalent_form(spec: dict, finding_id: str, marker: str, places: int = 1):
+    """``spec`` and its neutralization by ``finding_id`` (``places`` places
+    changed, ``marker`` in the rewritten source only), built; each computes on
+    normal and large inputs exactly what the other does."""
     import torch
 
     from etprop.program import builder
 
     rule = next(f for f in known_findings.load() if f.id == finding_id).neutralize
     rewritten_spec, changed = neutralize(spec, list(rule))
-    assert changed == 1
+    assert changed == places
     original, rewritten = builder.build(spec), builder.build(rewritten_spec)
     assert marker in rewritten.source and marker not in original.source
     for kind in ("normal", "large"):
@@ -154,6 +154,9 @@ BROAD = {
     "XNN-023": ("xnnpack", _repro_spec("xnnpack_quantized_min_static_operand_init_failure.json")),
     "XNN-019b": ("xnnpack", _repro_spec("xnnpack_dynamic_per_channel_conv_same_even_kernel_not_delegated.json")),
     "XNN-034": ("xnnpack", _repro_spec("xnnpack_quantized_batch_norm1d_then_conv1d_load.json")),
+    "XNN-017": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_shared_input.json")),
+    # Functional conv2d ops on weights, not Conv2d layers.
+    "XNN-017 (functional)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv2d_functional_shared_input.json")),
     # EXIR-006's program with the scan's result added to the linear's: a cycle through the scan.
     "EXIR-006b": ("coreai", _repro_spec("coreai_weight_shared_with_scan_cycle.json")),
     "EXIR-007": ("xnnpack+fold", _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")),
@@ -542,6 +545,30 @@ def test_a_batch_norm_reading_its_input_through_float64_computes_the_same_values
 def test_a_batch_norm_whose_output_goes_through_float64_computes_the_same_values():
     """XNN-034's neutralization: the BatchNorm1d's output cast to float64 and back is exact."""
     _equivalent_form(_repro_spec("xnnpack_quantized_batch_norm1d_then_conv1d_load.json"), "XNN-034", "_via_float64(self.")
+
+
+def test_convolutions_reading_copies_of_their_shared_input_compute_the_same_values():
+    """XNN-017's neutralization: each convolution of the shared input reads a copy of it."""
+    _equivalent_form(_repro_spec("xnnpack_dynamic_conv_shared_input.json"), "XNN-017", "(x.clone()", places=2)
+    _equivalent_form(_fixture_spec("xnnpack_dynamic_conv2d_functional_shared_input.json"), "XNN-017", "(x.clone()",
+                     places=2)
+
+
+def test_a_convolution_reading_an_input_alone_or_in_a_float_program_keeps_its_form():
+    """XNN-017's neutralization touches only an input that several convolutions
+    of a dynamically quantized program read."""
+    from etprop.program.neutralize import neutralize as rewrite
+
+    rule = list(next(f for f in known_findings.load() if f.id == "XNN-017").neutralize)
+    shared = _repro_spec("xnnpack_dynamic_conv_shared_input.json")
+    alone = json.loads(json.dumps(shared))
+    alone["methods"]["forward"]["nodes"][1]["args"] = ["v0"]
+    alone["state"]["b"]["kwargs"]["in_channels"] = 4
+    static = json.loads(json.dumps(shared))
+    static["quantization"]["scheme"] = "static_per_channel"
+    assert rewrite(shared, rule)[1] == 2
+    assert rewrite(alone, rule)[1] == 0
+    assert rewrite(static, rule)[1] == 0
 
 
 def test_a_minimum_reading_its_operand_through_float64_computes_the_same_values():

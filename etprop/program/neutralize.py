@@ -66,6 +66,11 @@ Rewrites (``{"rewrite": NAME, ...}``):
   readers take (a method output counts as one) gets ``output_via_float64``:
   the same values, through a cast no delegate takes, so no delegate holds
   that value for several readers.
+- ``conv_input_apart``: ``ops``, ``types`` (the ``layer`` nodes among those
+  ops that count), ``schemes``; in a program quantized with one of them, where several
+  of those convolutions read one value, each reads a copy of it
+  (``input_copy``): the same values, no longer one input that a single
+  dynamic quantization serves for every convolution.
 - ``frozen_state``: ``ops``; in a program holding a node of those ops
   (control-flow bodies included), every layer, weight and parameter is
   frozen (``requires_grad`` off): the same values and the same exported
@@ -428,6 +433,26 @@ def _shared_single_pixel_via_float64(spec: dict, rule: dict) -> int:
     return changed
 
 
+def _conv_input_apart(spec: dict, rule: dict) -> int:
+    if (spec.get("quantization") or {}).get("scheme") not in rule["schemes"]:
+        return 0
+    readers: dict[tuple[str, str], list[dict]] = {}
+    for method, node in all_nodes(spec):
+        is_conv = node["op"] in rule["ops"] and (
+            node["op"] != "layer" or spec["state"].get(node.get("state"), {}).get("type") in rule["types"])
+        if is_conv and node.get("args"):
+            readers.setdefault((method, node["args"][0]), []).append(node)
+    changed = 0
+    for nodes in readers.values():
+        if len(nodes) < 2:
+            continue
+        for node in nodes:
+            if not node.get("attrs", {}).get("input_copy"):
+                node.setdefault("attrs", {})["input_copy"] = True
+                changed += 1
+    return changed
+
+
 REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "merge_repeated_scales": _merge_repeated_scales,
     "gemm_scalars_into_weights": _gemm_scalars_into_weights,
@@ -447,6 +472,7 @@ REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "state_apart_from_control_flow": _state_apart_from_control_flow,
     "static_inputs": _static_inputs,
     "shared_single_pixel_via_float64": _shared_single_pixel_via_float64,
+    "conv_input_apart": _conv_input_apart,
 }
 
 

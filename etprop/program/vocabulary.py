@@ -155,8 +155,12 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
     def render(args, attrs, state):
         bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
         # ``input_via_float64`` (a convolution): what it convolves, padded or
-        # not, read through a cast to float64 and back (a neutralization).
+        # not, read through a cast to float64 and back; ``input_copy``: it
+        # convolves a copy of its input, which no other op reads
+        # (neutralizations).
         via = attrs.get("input_via_float64")
+        if attrs.get("input_copy"):
+            args = [f"{args[0]}.clone()"] + list(args[1:])
         if not transposed and attrs.get("same_padding_explicit") and attrs.get("padding") == "same":
             # ``same_padding_explicit``: the zeros padded on, then no padding (a neutralization).
             return (f"_conv_same_padded_explicitly_functional({args[0]}, {_weight_operand(state, attrs)}, {bias}, "
