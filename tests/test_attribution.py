@@ -157,6 +157,8 @@ BROAD = {
     "XNN-017": ("xnnpack", _repro_spec("xnnpack_dynamic_conv_shared_input.json")),
     # Functional conv2d ops on weights, not Conv2d layers.
     "XNN-017 (functional)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv2d_functional_shared_input.json")),
+    "XNN-021": ("xnnpack", _repro_spec("xnnpack_quantized_conv_input_channels_last_leak.json")),
+    "XNN-021b": ("xnnpack", _repro_spec("xnnpack_quantized_conv_input_channels_last_leak_static.json")),
     # EXIR-006's program with the scan's result added to the linear's: a cycle through the scan.
     "EXIR-006b": ("coreai", _repro_spec("coreai_weight_shared_with_scan_cycle.json")),
     "EXIR-007": ("xnnpack+fold", _repro_spec("exir_unused_buffer_kept_fold_multi_method.json")),
@@ -569,6 +571,23 @@ def test_a_convolution_reading_an_input_alone_or_in_a_float_program_keeps_its_fo
     assert rewrite(shared, rule)[1] == 2
     assert rewrite(alone, rule)[1] == 0
     assert rewrite(static, rule)[1] == 0
+
+
+def test_a_convolution_reading_its_shared_input_through_float64_computes_the_same_values():
+    """XNN-021's neutralization: the convolution whose input float ops also read reads it cast to float64 and back."""
+    _equivalent_form(_repro_spec("xnnpack_quantized_conv_input_channels_last_leak.json"), "XNN-021", ".double().to(")
+
+
+def test_a_convolution_whose_input_nothing_else_reads_keeps_its_form_under_xnn_021():
+    from etprop.program.neutralize import neutralize as rewrite
+
+    rule = list(next(f for f in known_findings.load() if f.id == "XNN-021").neutralize)
+    shared = _repro_spec("xnnpack_quantized_conv_input_channels_last_leak.json")
+    alone = json.loads(json.dumps(shared))
+    tanh = next(node for node in alone["methods"]["forward"]["nodes"] if node["op"] == "tanh")
+    tanh["args"] = [next(node["id"] for node in alone["methods"]["forward"]["nodes"] if node["op"] == "conv2d")]
+    assert rewrite(shared, rule)[1] == 1
+    assert rewrite(alone, rule)[1] == 0
 
 
 def test_a_minimum_reading_its_operand_through_float64_computes_the_same_values():

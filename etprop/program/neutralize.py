@@ -67,10 +67,12 @@ Rewrites (``{"rewrite": NAME, ...}``):
   the same values, through a cast no delegate takes, so no delegate holds
   that value for several readers.
 - ``conv_input_apart``: ``ops``, ``types`` (the ``layer`` nodes among those
-  ops that count), ``schemes``; in a program quantized with one of them, where several
-  of those convolutions read one value, each reads a copy of it
-  (``input_copy``): the same values, no longer one input that a single
-  dynamic quantization serves for every convolution.
+  ops that count), ``schemes``, ``attrs`` (default ``input_copy``),
+  ``beside`` (optional); in a program quantized with one of them, where
+  several of those convolutions read one value (with ``beside`` ``any``:
+  where anything else reads it too, a method output included), each of them
+  gets ``attrs``: a copy of the value, or the value cast to float64 and back
+  (the same values), so no one dynamically quantized input is shared.
 - ``frozen_state``: ``ops``; in a program holding a node of those ops
   (control-flow bodies included), every layer, weight and parameter is
   frozen (``requires_grad`` off): the same values and the same exported
@@ -436,21 +438,38 @@ def _shared_single_pixel_via_float64(spec: dict, rule: dict) -> int:
 def _conv_input_apart(spec: dict, rule: dict) -> int:
     if (spec.get("quantization") or {}).get("scheme") not in rule["schemes"]:
         return 0
-    readers: dict[tuple[str, str], list[dict]] = {}
-    for method, node in all_nodes(spec):
-        is_conv = node["op"] in rule["ops"] and (
-            node["op"] != "layer" or spec["state"].get(node.get("state"), {}).get("type") in rule["types"])
-        if is_conv and node.get("args"):
-            readers.setdefault((method, node["args"][0]), []).append(node)
+    attrs = rule.get("attrs", {"input_copy": True})
     changed = 0
-    for nodes in readers.values():
-        if len(nodes) < 2:
-            continue
-        for node in nodes:
-            if not node.get("attrs", {}).get("input_copy"):
-                node.setdefault("attrs", {})["input_copy"] = True
-                changed += 1
+    for _, body in _bodies(spec):
+        convs: dict[str, list[dict]] = {}
+        readers: dict[str, int] = {}
+        for node in body["nodes"]:
+            for arg in node.get("args", []):
+                readers[arg] = readers.get(arg, 0) + 1
+            if node["op"] in rule["ops"] and node.get("args") and (
+                    node["op"] != "layer" or spec["state"].get(node.get("state"), {}).get("type") in rule["types"]):
+                convs.setdefault(node["args"][0], []).append(node)
+        for output in body.get("outputs", []):
+            readers[output] = readers.get(output, 0) + 1
+        for value, nodes in convs.items():
+            shared = readers[value] > 1 if rule.get("beside") == "any" else len(nodes) > 1
+            for node in nodes if shared else ():
+                if any(node.get("attrs", {}).get(name) != want for name, want in attrs.items()):
+                    node.setdefault("attrs", {}).update(attrs)
+                    changed += 1
     return changed
+
+
+def _bodies(spec: dict):
+    """(method, body) for every method and every control-flow body in it: the
+    scopes within which node names refer to one value."""
+    def nested(method, body):
+        yield method, body
+        for node in body["nodes"]:
+            for inner in node.get("bodies", ()):
+                yield from nested(method, inner)
+    for method, body in spec["methods"].items():
+        yield from nested(method, body)
 
 
 REWRITES: dict[str, Callable[[dict, dict], int]] = {
