@@ -529,3 +529,23 @@ def test_a_nan_entering_a_quantization_bounds_what_follows_by_every_integer_it_m
     assert _equivalence(built, flows.get("xnnpack")).ok
     broken = _equivalence(built, broken_flow)
     assert not broken.ok and "mismatch" in broken.outcome.value, broken.message
+
+
+def test_a_method_eager_refuses_is_not_a_quantization_failure():
+    """A method whose float program fails in eager (an addmm's (3, 3) bias
+    at batch 6, accepted by torch.export at beta 0) fails PT2E's calibration;
+    that is a program defect, reported as one, never charged to PT2E."""
+    from etprop.program.quantize import QuantizationFailed
+
+    body = {"inputs": [{"name": "x", "shape": [3, 10], "dtype": "float32"}],
+            "nodes": [{"id": "v0", "op": "addmm", "args": ["x"], "state": "w",
+                       "attrs": {"bias_state": "b", "beta": 0.0}}],
+            "outputs": ["v0"]}
+    other = {**body, "inputs": [{"name": "x", "shape": [6, 10], "dtype": "float32"}]}
+    spec = {"format": QUANTIZED_FORMAT, "methods": {"forward": body, "encode": other},
+            "state": {"w": {"kind": "weight", "shape": [10, 3], "seed": 1},
+                      "b": {"kind": "weight", "shape": [3, 3], "seed": 2}},
+            "quantization": {"scheme": "static_per_tensor", "calibration": 1, "modules": None}}
+    with pytest.raises(QuantizationFailed) as failed:
+        builder.build(spec, validate=False)
+    assert failed.value.stage == "export" and "does not run in eager" in str(failed.value)

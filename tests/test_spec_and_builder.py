@@ -271,6 +271,33 @@ def test_a_batch_is_made_dynamic_only_where_export_needs_no_guard_on_it(shape, d
         pipeline.export_program(builder.build(spec))
 
 
+def test_another_batch_past_a_matrix_bias_with_beta_zero_is_rejected():
+    """An addmm's (batch, out) bias does not broadcast to another batch, which
+    eager refuses even when beta is 0; meta and fake addmm then skip the
+    check, so a multi-method program once carried it to PT2E's calibration."""
+    from hypothesis import strategies as st
+
+    from etprop.strategies.graph import Value
+    from etprop.strategies.programs import ProgramDraft, _reinfer
+
+    program = ProgramDraft(dtype="float32")
+    weight = program.add_state("w", {"kind": "weight", "seed": 1, "shape": [10, 3]})
+    bias = program.add_state("b", {"kind": "weight", "seed": 2, "shape": [3, 3]})
+    body = {"inputs": [{"name": "x0", "shape": [3, 10], "dtype": "float32"}],
+            "nodes": [{"id": "v1", "op": "addmm", "args": ["x0"], "state": weight,
+                       "attrs": {"bias_state": bias, "beta": 0.0}}],
+            "outputs": ["v1"]}
+    checked = []
+
+    @settings(max_examples=1, database=None)
+    @given(st.just(None))
+    def recheck(_):
+        checked[:] = [_reinfer(program, body, [Value("x0", (size, 10))]) for size in (3, 6)]
+
+    recheck()
+    assert checked == [True, False]
+
+
 def test_another_batch_reaching_a_convolution_channel_is_rejected():
     """Multi-method programs reuse a graph at another batch size; a view can
     carry the batch into a channel dim (``unsqueeze(0)`` before a

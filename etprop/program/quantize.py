@@ -362,13 +362,23 @@ def _innermost(exc: BaseException) -> str:
 
 class QuantizationFailed(Exception):
     """Quantizing a program failed. ``stage`` "export": torch.export rejected
-    the float program (a generator defect, as for any program); "pt2e": PT2E
+    the float program, or eager did (a generator defect, as for any program); "pt2e": PT2E
     failed on a program torch.export accepted, a failure of the quantization
     layer (torchao and the quantizer), judged like a lowering's."""
 
     def __init__(self, stage: str, message: str):
         super().__init__(message)
         self.stage = stage
+
+
+def _eager_error(module, example) -> str:
+    """Why the float method fails on its example inputs in eager, or ''."""
+    try:
+        with torch.no_grad():
+            module(*example)
+    except Exception as exc:
+        return f"{type(exc).__name__}: {exc}"
+    return ""
 
 
 def quantized(built):
@@ -396,6 +406,11 @@ def quantized(built):
                 converted[method] = namespace["pt2e_steps"](graph, calibration, config["scheme"],
                                                             config.get("modules"))
         except Exception as exc:
+            eager_error = _eager_error(module, example)
+            if eager_error:
+                # torch.export can accept what eager refuses (meta addmm skips
+                # its bias check at beta 0): not a failure of PT2E.
+                raise QuantizationFailed("export", f"method '{method}' does not run in eager: {eager_error}") from exc
             raise QuantizationFailed("pt2e", f"PT2E quantization ({config['scheme']}) of method '{method}' failed: "
                                              f"{type(exc).__name__}: {exc}\n{_innermost(exc)}") from exc
     return QuantizedProgram(spec=built.spec, source=built.source, module=built.module, namespace=namespace,
