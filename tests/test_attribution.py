@@ -158,6 +158,7 @@ BROAD = {
     # Functional conv2d ops on weights, not Conv2d layers.
     "XNN-017 (functional)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv2d_functional_shared_input.json")),
     "XNN-021": ("xnnpack", _repro_spec("xnnpack_quantized_conv_input_channels_last_leak.json")),
+    "XNN-007": ("xnnpack", _repro_spec("xnnpack_weight_stored_twice.json")),
     "XNN-021b": ("xnnpack", _repro_spec("xnnpack_quantized_conv_input_channels_last_leak_static.json")),
     # EXIR-006's program with the scan's result added to the linear's: a cycle through the scan.
     "EXIR-006b": ("coreai", _repro_spec("coreai_weight_shared_with_scan_cycle.json")),
@@ -588,6 +589,22 @@ def test_a_convolution_whose_input_nothing_else_reads_keeps_its_form_under_xnn_0
     tanh["args"] = [next(node["id"] for node in alone["methods"]["forward"]["nodes"] if node["op"] == "conv2d")]
     assert rewrite(shared, rule)[1] == 1
     assert rewrite(alone, rule)[1] == 0
+
+
+def test_only_a_gemm_with_a_computed_bias_adds_it_after_the_product():
+    """XNN-007's neutralization: the addmm whose bias is computed, not the mm
+    beside it, and not once its bias is a stored tensor."""
+    from etprop.program.neutralize import neutralize as rewrite
+
+    rule = list(next(f for f in known_findings.load() if f.id == "XNN-007").neutralize)
+    computed = _repro_spec("xnnpack_weight_stored_twice.json")
+    stored = json.loads(json.dumps(computed))
+    stored["state"]["w10"].pop("parametrizations")
+    after, changed = rewrite(computed, rule)
+    assert changed == 1
+    assert [node["op"] for node in after["methods"]["forward"]["nodes"] if node.get("attrs", {}).get("separate_bias")] \
+        == ["addmm"]
+    assert rewrite(stored, rule)[1] == 0
 
 
 def test_a_minimum_reading_its_operand_through_float64_computes_the_same_values():

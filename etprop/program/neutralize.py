@@ -16,7 +16,9 @@ Rewrites (``{"rewrite": NAME, ...}``):
   only layers constructed with these arguments; ``after`` optional: only
   nodes whose first operand one of these ops computes, a layer named by its
   type as ``layer:TYPE``; ``not_after`` optional: only nodes
-  whose first operand none of these ops computes; ``dtypes`` optional:
+  whose first operand none of these ops computes; ``bias_computed``
+  optional: only GEMMs whose bias state entry is computed (has
+  parametrizations); ``dtypes`` optional:
   only in programs of these dtypes; ``schemes`` optional: only in programs
   quantized with one of these schemes).
 - ``drop_attrs``: ``ops``, ``attrs``; those attributes removed (back to the op's default).
@@ -138,6 +140,8 @@ def _set_attrs(spec: dict, rule: dict) -> int:
         if made_by & set(rule.get("not_after", ())):
             continue
         attrs = node.get("attrs", {})
+        if rule.get("bias_computed") and not spec["state"].get(attrs.get("bias_state"), {}).get("parametrizations"):
+            continue
         if not _has(attrs, rule.get("where", {})) or not all(_nonzero(attrs.get(name)) for name in rule.get("having", ())):
             continue
         if any(attrs.get(name) != value for name, value in rule["attrs"].items()):
