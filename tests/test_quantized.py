@@ -549,3 +549,30 @@ def test_a_method_eager_refuses_is_not_a_quantization_failure():
     with pytest.raises(QuantizationFailed) as failed:
         builder.build(spec, validate=False)
     assert failed.value.stage == "export" and "does not run in eager" in str(failed.value)
+
+
+def test_a_converted_programs_group_norm_is_bounded_like_the_float_ones():
+    """A GroupNorm left in float by the quantizer is bounded by its
+    statistics' rounding, as in a float program: over one-value groups Core
+    AI computes x*scale + (bias - mean*scale), whose cancellation moved the
+    output by 1.5e-5 where eager gives the bias exactly. The float program
+    passed and the converted one failed until both used one model; a bias
+    dropped is still a mismatch."""
+    import torch
+
+    from etprop.oracles import tolerance
+
+    spec = json.loads((Path(__file__).parent / "fixtures" / "quantized_group_norm_one_value_groups.json")
+                      .read_text())["spec"]
+    built = builder.build(spec)
+    layer = built.module.n11
+    (x,) = inputs = built.inputs("forward")
+    reference = built.reference("forward", inputs, ulps=tolerance.op_ulps("executorch", "float32"))
+    assert layer.num_groups == x.shape[1] and x.shape[2] == 1  # one value per group: its mean is itself
+    mean, scale = x, 1 / torch.sqrt(torch.zeros_like(x) + layer.eps)
+    weight, bias = layer.weight.detach().reshape(1, -1, 1), layer.bias.detach().reshape(1, -1, 1)
+    cancelled = x * (scale * weight) + (bias - mean * scale * weight)
+    assert (cancelled != reference.expected[0]).any()
+    assert tolerance.judge(reference, [cancelled]).problem is None
+    dropped = reference.expected[0] - bias
+    assert tolerance.judge(reference, [dropped]).problem is not None

@@ -518,31 +518,11 @@ def _layer(module, value):
     nearly constant input far more than eps * var."""
     if _JITTER["mode"] is None or not isinstance(module, (nn.GroupNorm, nn.LayerNorm)):
         return module(value)
-    wide = value.double()
-    if isinstance(module, nn.GroupNorm):
-        grouped, dims = wide.reshape(wide.shape[0], module.num_groups, -1), (-1,)
-    else:
-        grouped, dims = wide, tuple(range(-len(module.normalized_shape), 0))
-    mean = grouped.mean(dims, keepdim=True)
-    # A sequential sum of n terms is off by about sqrt(n) roundings of their
-    # magnitude (as in _var_terms): a kernel that sums a constant group of 80
-    # values in order was 8 ulps off its mean, enough to move a normalized
-    # near-zero result by 6e-5; a one-pass variance (E[x^2] - E[x]^2) of 42
-    # values near 0.69 moved GroupNorm's output by 1 % where var << eps.
-    count = grouped.numel() / max(mean.numel(), 1)
-    mean = mean + (_signs(mean.shape) * torch.finfo(value.dtype).eps * count ** 0.5
-                   * grouped.abs().mean(dims, keepdim=True))
-    square = (grouped * grouped).mean(dims, keepdim=True)
-    var = grouped.var(dims, correction=0, keepdim=True)
-    var = (var + _signs(var.shape) * torch.finfo(value.dtype).eps * count ** 0.5 * square).clamp_min(0)
-    result = ((grouped - mean) / torch.sqrt(var + module.eps)).reshape(wide.shape)
-    if module.weight is not None:
-        shape = (1, -1) + (1,) * (wide.dim() - 2) if isinstance(module, nn.GroupNorm) else module.weight.shape
-        result = result * module.weight.double().reshape(shape)
-    if module.bias is not None:
-        shape = (1, -1) + (1,) * (wide.dim() - 2) if isinstance(module, nn.GroupNorm) else module.bias.shape
-        result = result + module.bias.double().reshape(shape)
-    return result.to(value.dtype)
+    groups = module.num_groups if isinstance(module, nn.GroupNorm) else None
+    dims = None if groups is not None else len(module.normalized_shape)
+    from etprop.program.builder import normalized_with_moved_statistics
+
+    return normalized_with_moved_statistics(value, groups, dims, module.weight, module.bias, module.eps, _signs)
 
 
 def hop_map(body, xs, *args):
@@ -600,6 +580,39 @@ def _jittered_runs(module, state, method, inputs, ulps=None, constants=None, car
             _JITTER.update(mode=None, generator=None, ulps={})
     return runs, ends if sequence else None
 '''
+
+
+def normalized_with_moved_statistics(value, groups, normalized_dims, weight, bias, eps, signs):
+    """GroupNorm (``groups``) or LayerNorm (over the last ``normalized_dims``
+    dims) of ``value`` with its mean and variance moved by ``signs(shape)``
+    times their rounding error in a one-pass computation: the jittered
+    programs' ``_layer``, and the quantized perturbation's float
+    normalizations (quantize._Perturbed), share this one model."""
+    wide = value.double()
+    if groups is not None:
+        grouped, dims = wide.reshape(wide.shape[0], groups, -1), (-1,)
+    else:
+        grouped, dims = wide, tuple(range(-normalized_dims, 0))
+    mean = grouped.mean(dims, keepdim=True)
+    # A sequential sum of n terms is off by about sqrt(n) roundings of their
+    # magnitude (as in _var_terms): a kernel that sums a constant group of 80
+    # values in order was 8 ulps off its mean, enough to move a normalized
+    # near-zero result by 6e-5; a one-pass variance (E[x^2] - E[x]^2) of 42
+    # values near 0.69 moved GroupNorm's output by 1 % where var << eps.
+    count = grouped.numel() / max(mean.numel(), 1)
+    mean = mean + (signs(mean.shape) * torch.finfo(value.dtype).eps * count ** 0.5
+                   * grouped.abs().mean(dims, keepdim=True))
+    square = (grouped * grouped).mean(dims, keepdim=True)
+    var = grouped.var(dims, correction=0, keepdim=True)
+    var = (var + signs(var.shape) * torch.finfo(value.dtype).eps * count ** 0.5 * square).clamp_min(0)
+    result = ((grouped - mean) / torch.sqrt(var + eps)).reshape(wide.shape)
+    if weight is not None:
+        shape = (1, -1) + (1,) * (wide.dim() - 2) if groups is not None else weight.shape
+        result = result * weight.double().reshape(shape)
+    if bias is not None:
+        shape = (1, -1) + (1,) * (wide.dim() - 2) if groups is not None else bias.shape
+        result = result + bias.double().reshape(shape)
+    return result.to(value.dtype)
 
 
 # Input kinds make_input understands; the equivalence oracle runs each of these.

@@ -268,8 +268,11 @@ class _Perturbed(torch.fx.Interpreter):
             kept, found = self.unrounded.get(id(args[0]), (None, None))
             found = found if kept is args[0] else None
             return found if found is not None else target(*args, **kwargs)
-        result = target(*args, **kwargs)
         name = getattr(target, "__name__", str(target)).split(".")[0]
+        if name in ("group_norm", "layer_norm") and self.budgets["quantized_float_ops"]:
+            result = self._normalized(name, *args)
+        else:
+            result = target(*args, **kwargs)
         if isinstance(result, torch.Tensor) and result.is_floating_point() and name not in _EXACT:
             info = torch.finfo(result.dtype)
             wide = result.double()
@@ -281,6 +284,18 @@ class _Perturbed(torch.fx.Interpreter):
                 + torch.where(subnormal, info.tiny, 0.0)
             result = (wide + self._signs(result.shape).double() * size).to(result.dtype)
         return result
+
+
+    def _normalized(self, name, value, shape_or_groups, weight=None, bias=None, eps=1e-5, *rest):
+        """A float GroupNorm or LayerNorm with its statistics moved by their
+        rounding error, as the float jitter moves them (builder._layer): over
+        a nearly constant group the variance's error is far more than the
+        result's own ulps."""
+        from etprop.program.builder import normalized_with_moved_statistics
+
+        if name == "group_norm":
+            return normalized_with_moved_statistics(value, shape_or_groups, None, weight, bias, eps, self._signs)
+        return normalized_with_moved_statistics(value, None, len(shape_or_groups), weight, bias, eps, self._signs)
 
 
 def _row_dims(node: torch.fx.Node | None) -> int:
