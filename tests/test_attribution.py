@@ -557,11 +557,9 @@ def test_convolutions_reading_copies_of_their_shared_input_compute_the_same_valu
                      places=2)
 
 
-def test_a_convolution_reading_an_input_alone_or_in_a_float_program_keeps_its_form():
+def test_a_convolution_reading_an_input_alone_or_in_a_statically_quantized_program_keeps_its_form():
     """XNN-017's neutralization touches only an input that several convolutions
     of a dynamically quantized program read."""
-    from etprop.program.neutralize import neutralize as rewrite
-
     rule = list(next(f for f in known_findings.load() if f.id == "XNN-017").neutralize)
     shared = _repro_spec("xnnpack_dynamic_conv_shared_input.json")
     alone = json.loads(json.dumps(shared))
@@ -569,9 +567,9 @@ def test_a_convolution_reading_an_input_alone_or_in_a_float_program_keeps_its_fo
     alone["state"]["b"]["kwargs"]["in_channels"] = 4
     static = json.loads(json.dumps(shared))
     static["quantization"]["scheme"] = "static_per_channel"
-    assert rewrite(shared, rule)[1] == 2
-    assert rewrite(alone, rule)[1] == 0
-    assert rewrite(static, rule)[1] == 0
+    assert neutralize(shared, rule)[1] == 2
+    assert neutralize(alone, rule)[1] == 0
+    assert neutralize(static, rule)[1] == 0
 
 
 def test_a_convolution_reading_its_shared_input_through_float64_computes_the_same_values():
@@ -580,31 +578,27 @@ def test_a_convolution_reading_its_shared_input_through_float64_computes_the_sam
 
 
 def test_a_convolution_whose_input_nothing_else_reads_keeps_its_form_under_xnn_021():
-    from etprop.program.neutralize import neutralize as rewrite
-
     rule = list(next(f for f in known_findings.load() if f.id == "XNN-021").neutralize)
     shared = _repro_spec("xnnpack_quantized_conv_input_channels_last_leak.json")
     alone = json.loads(json.dumps(shared))
     tanh = next(node for node in alone["methods"]["forward"]["nodes"] if node["op"] == "tanh")
     tanh["args"] = [next(node["id"] for node in alone["methods"]["forward"]["nodes"] if node["op"] == "conv2d")]
-    assert rewrite(shared, rule)[1] == 1
-    assert rewrite(alone, rule)[1] == 0
+    assert neutralize(shared, rule)[1] == 1
+    assert neutralize(alone, rule)[1] == 0
 
 
 def test_only_a_gemm_with_a_computed_bias_adds_it_after_the_product():
     """XNN-007's neutralization: the addmm whose bias is computed, not the mm
     beside it, and not once its bias is a stored tensor."""
-    from etprop.program.neutralize import neutralize as rewrite
-
     rule = list(next(f for f in known_findings.load() if f.id == "XNN-007").neutralize)
     computed = _repro_spec("xnnpack_weight_stored_twice.json")
     stored = json.loads(json.dumps(computed))
     stored["state"]["w10"].pop("parametrizations")
-    after, changed = rewrite(computed, rule)
+    after, changed = neutralize(computed, rule)
     assert changed == 1
     assert [node["op"] for node in after["methods"]["forward"]["nodes"] if node.get("attrs", {}).get("separate_bias")] \
         == ["addmm"]
-    assert rewrite(stored, rule)[1] == 0
+    assert neutralize(stored, rule)[1] == 0
 
 
 def test_a_minimum_reading_its_operand_through_float64_computes_the_same_values():

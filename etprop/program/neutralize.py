@@ -403,17 +403,20 @@ def _merge_repeated_scales(spec: dict, rule: dict) -> int:
     return changed
 
 
+def _reader_counts(nodes, outputs) -> dict[str, int]:
+    """Value name -> how many node operands and method outputs read it."""
+    readers: dict[str, int] = {}
+    for name in [arg for node in nodes for arg in node.get("args", [])] + list(outputs):
+        readers[name] = readers.get(name, 0) + 1
+    return readers
+
+
 def _shared_single_pixel_via_float64(spec: dict, rule: dict) -> int:
     if (spec.get("quantization") or {}).get("scheme") not in rule["schemes"]:
         return 0
     shared = {}
     for method, body in spec["methods"].items():
-        readers: dict[str, int] = {}
-        for node in iter_nodes(body["nodes"]):
-            for arg in node.get("args", []):
-                readers[arg] = readers.get(arg, 0) + 1
-        for output in body["outputs"]:
-            readers[output] = readers.get(output, 0) + 1
+        readers = _reader_counts(iter_nodes(body["nodes"]), body["outputs"])
         shared[method] = {name for name, count in readers.items() if count > 1}
     if not any(shared.values()):
         return 0
@@ -445,16 +448,12 @@ def _conv_input_apart(spec: dict, rule: dict) -> int:
     attrs = rule.get("attrs", {"input_copy": True})
     changed = 0
     for _, body in _bodies(spec):
+        readers = _reader_counts(body["nodes"], body.get("outputs", []))
         convs: dict[str, list[dict]] = {}
-        readers: dict[str, int] = {}
         for node in body["nodes"]:
-            for arg in node.get("args", []):
-                readers[arg] = readers.get(arg, 0) + 1
             if node["op"] in rule["ops"] and node.get("args") and (
                     node["op"] != "layer" or spec["state"].get(node.get("state"), {}).get("type") in rule["types"]):
                 convs.setdefault(node["args"][0], []).append(node)
-        for output in body.get("outputs", []):
-            readers[output] = readers.get(output, 0) + 1
         for value, nodes in convs.items():
             shared = readers[value] > 1 if rule.get("beside") == "any" else len(nodes) > 1
             for node in nodes if shared else ():

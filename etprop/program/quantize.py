@@ -285,7 +285,6 @@ class _Perturbed(torch.fx.Interpreter):
             result = (wide + self._signs(result.shape).double() * size).to(result.dtype)
         return result
 
-
     def _normalized(self, name, value, shape_or_groups, weight=None, bias=None, eps=1e-5, *rest):
         """A float GroupNorm or LayerNorm with its statistics moved by their
         rounding error, as the float jitter moves them (builder._layer): over
