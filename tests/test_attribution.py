@@ -1021,7 +1021,7 @@ def test_each_finding_alone_is_lowered_once_for_every_flow_of_an_example(session
     monkeypatch.setattr(session, "_run", run)
     failing = FlowResult("a", Outcome.MISMATCH, [mismatch])
     alone_runs: dict = {}
-    named = [session._which({"format": FORMAT}, [], "mixed", [], index, failing, found, alone_runs)
+    named = [session._which({"format": FORMAT}, [], "mixed", [], index, failing, found, alone_runs, None)
              for index in range(3)]
     assert named == ["F2", "F2", "F2"]
     assert runs == [["F1"], ["F2"]]
@@ -1050,7 +1050,7 @@ def test_the_most_specific_nominated_cause_is_tried_first(session, monkeypatch):
 
     monkeypatch.setattr(session, "_run", run)
     failing = FlowResult("a", Outcome.MISMATCH, [])
-    assert session._which({"format": FORMAT}, [], "mixed", [], 0, failing, found, {}) == "quantized"
+    assert session._which({"format": FORMAT}, [], "mixed", [], 0, failing, found, {}, None) == "quantized"
     assert tried == ["quantized"]
     assert [f.id for f in sorted(found, key=lambda f: f.specificity, reverse=True)] == [
         "quantized", "op-attr", "op", "broad"]

@@ -300,3 +300,31 @@ def test_one_defect_placed_twice_by_two_workers_is_listed_once(tmp_path):
     defects = place.defects()
     assert "dddd" not in defects and "dddd" in defects["eeee"].merged
     assert defects["cccc"].merged == []
+
+
+def test_a_group_whose_shrunk_program_a_finding_explains_is_a_hit_of_it(tmp_path, monkeypatch):
+    """A failure first seen beside many recorded causes is new until shrunk;
+    the minimal program is attributed afresh, and when one finding's cause
+    explains it the group is that finding's hit, the shrunk program its evidence."""
+    from etprop.verdicts.check import Artifacts
+
+    record = _record("a", ["relu", "tanh"])
+    path = Artifacts(tmp_path).history_path("mixed", ["xnnpack"], "a")
+    repro.write(path, _chain(["relu", "tanh"]), ["xnnpack"], "mixed", "mismatch", "m", script=False)
+    minimal = _chain(["tanh"])
+    monkeypatch.setattr(shrink, "shrink_to", lambda spec, *args, **kwargs: shrink.Shrunk(minimal, 3, True))
+
+    class Attributing(_FakeSession):
+        def run(self, spec, flows, prop, oracles, attribute=False):
+            example = super().run(spec, flows, prop, oracles, attribute)
+            for result in example.results:
+                result.known = "XNN-001" if attribute and spec == minimal else None
+            return example
+
+    place = triage.Triage(tmp_path)
+    (group,) = place.groups([record]).values()
+    defect = triage.triage_group(place, group, Attributing(), None, log=lambda line: None)
+    assert defect.known == "XNN-001" and defect.nodes == 1
+    assert repro.read(place.directory(group.key) / "shrunk.json")["spec"] == minimal
+    summary = Summary([record], tmp_path)
+    assert "0 new failing flow results" in summary.headline() and "1 hits on known findings" in summary.headline()

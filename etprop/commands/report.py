@@ -31,6 +31,8 @@ class DefectRow:
     nodes: int = 0
     one_minimal: bool = False
     message: str = ""
+    # The recorded finding its shrunk program turned out to be (triage.Defect.known).
+    known: str = ""
 
 
 @dataclass
@@ -62,7 +64,8 @@ class Summary:
             defects.append(DefectRow(title, defect.layer, len(group.members), group.cells(),
                                      str(where / "shrunk.json") if defect.reproduced else group.representative["repro"],
                                      str(where / "draft.md") if defect.reproduced else "", defect.nodes,
-                                     defect.one_minimal, defect.message or group.representative["message"]))
+                                     defect.one_minimal, defect.message or group.representative["message"],
+                                     known=defect.known))
         order = lambda row: (row.layer, -row.hits, row.title)
         return sorted(defects, key=order), sorted(queued, key=order)
 
@@ -235,6 +238,21 @@ class Summary:
     def known_count(self) -> int:
         return sum(1 for r in self.records for f in r["flows"] if f.get("known"))
 
+    def attribution_counts(self) -> Counter:
+        """Failures whose attribution ran, by how it ended (one cause, two
+        causes, or only several together: new)."""
+        return Counter(f["attribution"] for r in self.records for f in r["flows"] if f.get("attribution"))
+
+    def attribution_text(self) -> str:
+        counts = self.attribution_counts()
+        if not counts:
+            return ""
+        total = sum(counts.values())
+        several = total - counts.get("one cause", 0)
+        return (f"attribution: {total} failing flow results attributed by intervention; more than one cause needed "
+                f"in {several} ({several / total:.0%}): "
+                + ", ".join(f"{n} {how}" for how, n in sorted(counts.items(), key=lambda kv: -kv[1])))
+
     def op_coverage(self) -> dict[str, Counter]:
         coverage: dict[str, Counter] = defaultdict(Counter)
         for record in self.records:
@@ -302,15 +320,20 @@ class Summary:
 
     def headline(self) -> str:
         defects, queued = self.defects()
-        failing = sum(row.hits for row in defects + queued)
+        known = [row for row in defects if row.known]
+        new = [row for row in defects + queued if not row.known]
+        failing = sum(row.hits for row in new)
         return (f"{self.total_examples()} examples; {failing} new failing flow results in "
-                f"{len({c for row in defects + queued for c in row.cells})} property x flow cells: "
-                f"{len(defects)} defect(s) shrunk and placed, {len(queued)} failure group(s) queued; "
-                f"{self.known_count()} hits on known findings")
+                f"{len({c for row in new for c in row.cells})} property x flow cells: "
+                f"{len(defects) - len(known)} defect(s) shrunk and placed, {len(queued)} failure group(s) queued; "
+                f"{self.known_count() + sum(row.hits for row in known)} hits on known findings"
+                + (f" ({sum(row.hits for row in known)} of them shown known only once shrunk)" if known else ""))
 
     def text(self) -> str:
         defects, queued = self.defects()
         lines = ["", self.headline()]
+        if self.attribution_text():
+            lines.append(self.attribution_text())
         if defects:
             lines.append("defects, by layer (hits: failing flow results; cells: property x flow where seen)")
         for row in defects:

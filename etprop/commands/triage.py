@@ -147,6 +147,9 @@ class Defect:
     reproduced: bool = True
     # Flows whose result on the minimal spec has this defect's signature.
     same_way: list = field(default_factory=list)
+    # A recorded finding (one cause, or two) that explains the minimal program's
+    # failure: the group is a hit of it, the shrunk program its evidence.
+    known: str = ""
 
     def to_json(self) -> dict:
         return dict(self.__dict__)
@@ -354,6 +357,9 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
         log(f"triage {group.key}: budget spent at {specmod.count_ops(shrunk.spec)} nodes; queued")
         return None
     spec = shrunk.spec
+    known = _known_when_shrunk(session, spec, flows, member["property"], oracles, group.flow)
+    if known:
+        return _record_as_known(triage, group, member, spec, shrunk, known, log)
     mine = canonical(spec)
     for other in triage.defects().values():
         if other.key != group.key and other.reproduced and (triage.directory(other.key) / "shrunk.json").exists() \
@@ -395,6 +401,36 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
     progress.unlink(missing_ok=True)
     log(f"triage {group.key}: {defect.nodes} node(s), {defect.layer}; fails this way on "
         f"{', '.join(same_way)}")
+    return defect
+
+
+def _known_when_shrunk(session, spec: dict, flows: list, prop: str, oracles: list, flow: str) -> str:
+    """The recorded finding that explains the minimal program's failure on
+    ``flow``, attributed afresh (one cause, or two): a failure first seen
+    beside many causes shows what it really is once shrunk."""
+    from etprop.lowering.pipeline import ExportFailed
+
+    try:
+        result = session.run(spec, flows, prop, oracles, attribute=True)
+    except ExportFailed:
+        return ""
+    return next((r.known for r in result.results if r.flow == flow and r.outcome.is_failure and r.known), "")
+
+
+def _record_as_known(triage: Triage, group: Group, member: dict, spec: dict, shrunk, known: str,
+                     log: Callable[[str], None]) -> Defect:
+    """A group whose minimal program a recorded finding explains: a hit of
+    that finding, with the shrunk program kept as its evidence."""
+    directory = triage.directory(group.key)
+    defect = Defect(group.key, group.signature, group.flow, group.outcome, member["property"],
+                    f"known finding {known} (explains the shrunk program)", {group.flow: group.outcome},
+                    sorted({node["op"] for _, node in specmod.all_nodes(spec)}), specmod.count_ops(spec),
+                    shrunk.one_minimal, member.get("message", ""), same_way=[group.flow], known=known)
+    repro.write(directory / "shrunk.json", spec, member["flows"], member["property"], group.outcome,
+                defect.message, script_flow=group.flow, shrink=shrunk.facts(member["spec"]))
+    triage.save(defect)
+    (directory / "progress.json").unlink(missing_ok=True)
+    log(f"triage {group.key}: shrunk to {defect.nodes} node(s), explained by known finding {known}")
     return defect
 
 

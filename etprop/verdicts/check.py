@@ -46,7 +46,9 @@ class FlowResult:
     flow: str
     outcome: Outcome
     verdicts: list[Verdict] = field(default_factory=list)
-    known: Optional[str] = None   # id of the matching finding
+    known: Optional[str] = None   # id of the matching finding ("A+B": two causes)
+    # How attribution ended, when it ran (session.ONE_CAUSE, TWO_CAUSES, JOINT_ONLY).
+    attribution: str = ""
     seconds: dict = field(default_factory=dict)
     pte_sha256: str = ""
     # A passing flow's runtime outputs per (method, input kind), kept for the corpus.
@@ -133,6 +135,7 @@ class Artifacts:
                 "item": self.item, "share": self.share,
                 "coverage": sorted(coverage_space.key_text(key) for key in coverage_space.keys(result.spec)),
                 "flows": [{"flow": r.flow, "outcome": r.outcome.value, "known": r.known,
+                           **({"attribution": r.attribution} if r.attribution else {}),
                            "message": r.message[:2000],
                            # From the whole message: the stored one is cut short.
                            "signature": signature(r.flow, r.outcome.value, r.message),

@@ -3,19 +3,23 @@
 Examples run isolated in a warm worker process (etprop/lowering/isolation.py) unless
 ETPROP_ISOLATION=0. A failure that looks like a recorded finding is attributed
 to it only by intervention: the spec with every nominated cause neutralized is
-run again, and the failure is known only if it is gone there; otherwise the
-neutralized spec is reported as a new failure (the known cause cannot come
-back while it is shrunk). A new failure is confirmed once per failure class:
+run again; if the failure persists there, the neutralized spec is reported as a
+new failure (the known cause cannot come back while it is shrunk). If it is
+gone, the failure is known only when one finding's cause, neutralized alone,
+makes it go (or two, each alone leaving a different failure the other
+explains); otherwise it is new (Session._which). A new failure is confirmed once per failure class:
 re-run in the same worker and in a fresh one; if the reruns disagree, the
 example is reported as nondeterministic instead.
 """
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import time
 from pathlib import Path
+from typing import Optional
 
 from hypothesis import assume, event, note, target
 from hypothesis.control import currently_in_test_context
@@ -114,6 +118,33 @@ def _signature(result: ExampleResult) -> list[tuple]:
     """What must agree between identical runs: each flow's outcome. Not the
     .pte bytes: Core AI bundles carry a timestamp (finding COREAI-005)."""
     return [(r.flow, r.outcome) for r in result.results]
+
+
+# How a failure's attribution ended (FlowResult.attribution), counted in a campaign's summary.
+ONE_CAUSE, TWO_CAUSES, JOINT_ONLY = "one cause", "two causes", "several causes together only (new)"
+
+
+def _persists(other: FlowResult, failure: FlowResult, found: list) -> bool:
+    """Whether ``other`` (a run with some causes neutralized) still fails the
+    way ``failure`` did: the same outcome, with a message some nominated finding matches."""
+    return other.outcome is failure.outcome and any(re.search(f.pattern, other.message, re.S) for f in found)
+
+
+_LOCATION = re.compile(r"method '([^']*)'.*?output (\d+)", re.S)
+
+
+def _failure_identity(result: FlowResult) -> tuple:
+    """What tells two failures of one flow apart: the signature, and for a
+    mismatch the method and output (a signature keeps only the kind of difference)."""
+    place = _LOCATION.search(result.message) if result.outcome is Outcome.MISMATCH else None
+    return (signature(result.flow, result.outcome.value, result.message), place.groups() if place else None)
+
+
+def _explains(finding, left: FlowResult, neutralized_spec: dict) -> bool:
+    """Whether ``finding`` is nominated for the failure ``left`` by a run of
+    ``neutralized_spec`` (the pair rule of Session._which)."""
+    return left.outcome.is_failure and any(f.id == finding.id for f in known_findings.nominate(
+        left.flow, left.outcome.value, left.message, neutralized_spec))
 
 
 def _failed_everywhere(spec, names, prop, outcome: Outcome, oracle: str, message: str) -> ExampleResult:
@@ -279,11 +310,11 @@ class Session:
             if not found:
                 continue
             other = again.results[index]
-            if other.outcome is flow_result.outcome and not other.known and any(
-                    re.search(f.pattern, other.message, re.S) for f in found):
+            if not other.known and _persists(other, flow_result, found):
                 self.artifacts.pending_path(spec, prop).unlink(missing_ok=True)
                 return again
-            flow_result.known = self._which(spec, flows, prop, oracles, index, flow_result, found, alone_runs)
+            flow_result.known = self._which(spec, flows, prop, oracles, index, flow_result, found, alone_runs,
+                                            again)
         # What the neutralized run's own attribution left after neutralizing
         # a further cause: recorded one level down only, so lift it here.
         nested, again.followups = again.followups, []
@@ -297,30 +328,60 @@ class Session:
         result.followups.extend(nested)
         return result
 
-    def _which(self, spec, flows, prop, oracles, index: int, failure, found: list, alone_runs: dict) -> str:
-        """Of several findings nominated for one failure that their causes,
-        neutralized together, made go: the first whose cause alone does (one
-        that merely shares the op and the message is not named), or all of
-        them joined by "+" when none alone does. The most specific cause is
-        tried first (each try lowers the program again); ``alone_runs`` keeps
-        each single neutralization's run for the example's other flows."""
-        if len(found) == 1:
-            return found[0].id
-        for finding in sorted(found, key=lambda f: f.specificity, reverse=True):
-            if finding.id not in alone_runs:
-                alone_runs[finding.id] = self._run_alone(spec, flows, prop, oracles, finding)
-            if alone_runs[finding.id] is None:
-                continue
-            other = alone_runs[finding.id].results[index]
-            if not (other.outcome is failure.outcome and any(re.search(f.pattern, other.message, re.S)
-                                                            for f in found)):
-                return finding.id
-        return "+".join(f.id for f in found)
+    def _which(self, spec, flows, prop, oracles, index: int, failure, found: list, alone_runs: dict,
+               joint: ExampleResult) -> Optional[str]:
+        """Which nominated finding explains a failure that their causes,
+        neutralized together (``joint``), made go; None when neither one nor
+        two of them do, and the failure is new.
 
-    def _run_alone(self, spec, flows, prop, oracles, finding) -> ExampleResult | None:
-        """The example with one finding's cause neutralized; None when that
-        changes nothing or makes a program torch.export rejects."""
-        alone, changed = known_findings.neutralized(spec, [finding])
+        Known means one cause: the first finding, most specific first, whose
+        cause alone makes the failure go (each try lowers the program again;
+        ``alone_runs`` keeps each single neutralization's run for the
+        example's other flows). Two findings ("A+B") only when each alone
+        leaves a failure that the other explains (nominated for it, and gone
+        with both causes removed), and the two left failures differ: one
+        failure left the same by either removal is a third thing, not these two. Many rewrites at once change so
+        much of a program that almost any failure goes, so a joint
+        disappearance alone explains nothing."""
+        ordered = sorted(found, key=lambda f: f.specificity, reverse=True)
+        left: dict = {}
+        for finding in ordered:
+            if len(found) == 1:
+                run = joint
+            else:
+                if finding.id not in alone_runs:
+                    alone_runs[finding.id] = self._run_alone(spec, flows, prop, oracles, [finding])
+                run = alone_runs[finding.id]
+            if run is None:
+                continue
+            other = run.results[index]
+            if not _persists(other, failure, found):
+                failure.attribution = ONE_CAUSE
+                return finding.id
+            left[finding.id] = (other, run.spec)
+        for first, second in itertools.combinations(ordered, 2):
+            if not (first.id in left and second.id in left
+                    and _failure_identity(left[first.id][0]) != _failure_identity(left[second.id][0])
+                    and _explains(second, *left[first.id]) and _explains(first, *left[second.id])):
+                continue
+            key = "+".join(sorted((first.id, second.id)))
+            if key not in alone_runs:
+                alone_runs[key] = joint if len(found) == 2 else \
+                    self._run_alone(spec, flows, prop, oracles, [first, second])
+            if alone_runs[key] is None:
+                continue
+            both = alone_runs[key].results[index]
+            if not any(_persists(both, gone, found) for gone in (failure, left[first.id][0], left[second.id][0])):
+                failure.attribution = TWO_CAUSES
+                return f"{first.id}+{second.id}"
+        failure.attribution = JOINT_ONLY
+        _label(f"attribution: {len(found)} causes explain it only together: new")
+        return None
+
+    def _run_alone(self, spec, flows, prop, oracles, findings: list) -> ExampleResult | None:
+        """The example with these findings' causes (one, or a pair) neutralized;
+        None when that changes nothing or makes a program torch.export rejects."""
+        alone, changed = known_findings.neutralized(spec, findings)
         if not changed:
             return None
         try:

@@ -1,0 +1,119 @@
+"""Known means one cause: the attribution rule, on programs modelled as the causes they hold.
+
+A model program is the set of recorded causes it holds plus, optionally, a
+planted fault that only the joint rewrite of every cause happens to remove
+(many rewrites at once change so much of a program that almost any failure
+goes). Each model run stands for one lowering; the rule is Session._which's.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from etprop.oracles import Verdict
+from etprop.verdicts import known_findings
+from etprop.verdicts.check import ExampleResult, FlowResult
+from etprop.verdicts.outcomes import Outcome
+from etprop.verdicts.session import JOINT_ONLY, ONE_CAUSE, TWO_CAUSES, Session
+
+FLOW = "xnnpack"
+
+
+def _finding(name: str) -> known_findings.Finding:
+    return known_findings.Finding(id=name, title="", flows=(FLOW,), outcome="mismatch",
+                                  pattern="elements differ", repro="")
+
+
+def _mismatch(output: int) -> FlowResult:
+    message = f"[eager equivalence] FAILED (mismatch): method 'forward', default inputs: output {output} (3, 8): " \
+              f"5 / 24 elements differ"
+    return FlowResult(FLOW, Outcome.MISMATCH, [Verdict.failed("eager equivalence", message, Outcome.MISMATCH)])
+
+
+class Model:
+    """Programs as the causes they hold. ``wrong`` maps a cause to the output it
+    spoils; the planted fault spoils output 0 until every cause is rewritten."""
+
+    def __init__(self, monkeypatch, session: Session, findings: list, wrong: dict, planted: bool):
+        self.findings = {f.id: f for f in findings}
+        self.wrong, self.planted, self.runs = wrong, planted, []
+        monkeypatch.setattr(known_findings, "nominate", self.nominate)
+        monkeypatch.setattr(known_findings, "neutralized", self.neutralized)
+        monkeypatch.setattr(session, "_run", self.run)
+
+    def spec(self) -> dict:
+        return {"causes": sorted(self.findings), "planted": self.planted}
+
+    def nominate(self, flow, outcome, message, spec=None):
+        return [f for name, f in self.findings.items() if name in spec["causes"]
+                and outcome == f.outcome and re.search(f.pattern, message)]
+
+    def neutralized(self, spec, chosen):
+        causes = [c for c in spec["causes"] if c not in {f.id for f in chosen}]
+        every_one_gone = not causes and len(chosen) == len(self.findings)
+        return {"causes": causes, "planted": spec["planted"] and not every_one_gone}, \
+            len(spec["causes"]) - len(causes)
+
+    def result(self, spec) -> ExampleResult:
+        spoiled = sorted({self.wrong[c] for c in spec["causes"] if c in self.wrong}
+                         | ({0} if spec["planted"] else set()))
+        flow = _mismatch(spoiled[0]) if spoiled else FlowResult(FLOW, Outcome.PASS, [])
+        return ExampleResult("mixed", spec, [flow])
+
+    def run(self, spec, flows, prop, oracles, worker=None, record_export_failure=True):
+        self.runs.append(spec["causes"])
+        return self.result(spec)
+
+    def attribute(self, session: Session) -> ExampleResult:
+        spec = self.spec()
+        return session._attribute(spec, [], "mixed", [], self.result(spec))
+
+
+@pytest.fixture
+def session(tmp_path):
+    session = Session(tmp_path / "artifacts", isolated=False)
+    yield session
+    session.close()
+
+
+@pytest.mark.parametrize("causes", [3, 10])
+def test_a_new_fault_beside_several_causes_that_only_their_joint_rewrite_removes_is_new(causes, session,
+                                                                                         monkeypatch):
+    """Every cause is in the program but spoils nothing the oracle reports
+    first; the planted fault goes only when all are rewritten at once."""
+    findings = [_finding(f"F{i}") for i in range(causes)]
+    model = Model(monkeypatch, session, findings, wrong={}, planted=True)
+    result = model.attribute(session)
+    (flow,) = result.results
+    assert flow.outcome is Outcome.MISMATCH and flow.known is None, f"filed under {flow.known}"
+    assert flow.attribution == JOINT_ONLY
+    assert result.new_failures == [flow]
+
+
+def test_one_cause_of_many_that_alone_removes_the_failure_is_named(session, monkeypatch):
+    findings = [_finding(f"F{i}") for i in range(10)]
+    model = Model(monkeypatch, session, findings, wrong={"F7": 0}, planted=False)
+    (flow,) = model.attribute(session).results
+    assert (flow.known, flow.attribution) == ("F7", ONE_CAUSE)
+
+
+def test_a_failure_two_causes_explain_together_names_both(session, monkeypatch):
+    """A spoils output 0 and B output 1: either removed alone leaves the
+    other's mismatch, each a different failure the other explains. A third
+    nominated cause, C, changes nothing the oracle sees."""
+    findings = [_finding(name) for name in ("A", "B", "C")]
+    model = Model(monkeypatch, session, findings, wrong={"A": 0, "B": 1}, planted=False)
+    (flow,) = model.attribute(session).results
+    assert (flow.known, flow.attribution) == ("A+B", TWO_CAUSES)
+    assert ["C"] in model.runs, "the pair was not lowered on its own"
+
+
+def test_two_causes_that_each_leave_the_same_failure_do_not_explain_it(session, monkeypatch):
+    """Removing either of two causes leaves one and the same failure (the
+    planted fault): that failure is a third thing, new."""
+    findings = [_finding(name) for name in ("A", "B")]
+    model = Model(monkeypatch, session, findings, wrong={"A": 1, "B": 2}, planted=True)
+    (flow,) = model.attribute(session).results
+    assert flow.known is None and flow.attribution == JOINT_ONLY
