@@ -14,6 +14,7 @@ from etprop.program.quantize import SCHEMES
 from etprop.program.spec import FORMAT, QUANTIZED_FORMAT, all_nodes
 from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
 from etprop.strategies.ops import DRAWERS, GEMM_DRAWERS, add_twin
+from etprop.strategies import sizes
 from etprop.strategies.sizes import slot_count
 
 
@@ -48,7 +49,11 @@ TWIN_ODDS = 5
 
 
 def draw_body(draw, graph: GraphDraft, slots: int, drawers) -> None:
-    """Fill ``graph`` with up to ``slots`` nodes drawn from ``drawers``."""
+    """Fill ``graph`` with up to ``slots`` nodes drawn from ``drawers`` (in a
+    campaign, from a random subset of them: swarm testing, so an op's rare
+    neighbours are not drowned by the common ones)."""
+    if sizes.swarming():
+        drawers = swarm(draw, drawers)
     for _ in range(slots):
         choice = draw(st.integers(0, len(drawers)))
         if choice == 0:
@@ -61,6 +66,19 @@ def draw_body(draw, graph: GraphDraft, slots: int, drawers) -> None:
                 and graph.program.reads_parameters(graph.nodes[-1]) \
                 and draw(st.integers(0, graph.program.twin_odds - 1)) == 0 and add_twin(graph, value):
             event("twin: the same op on the same operands with its own parameters")
+
+
+def swarm(draw, drawers: list) -> list:
+    """A random subset of ``drawers``: each op left out with odds one in two.
+    Hypothesis shrinks each choice toward keeping the op, so a shrunk program
+    draws from the whole vocabulary again."""
+    names = sorted({name for name, _ in drawers})
+    left_out = {name for name in names if draw(st.booleans())}
+    kept = [entry for entry in drawers if entry[0] not in left_out]
+    if not kept:
+        return drawers
+    event(f"swarm: {len(names) - len(left_out)} of {len(names)} ops")
+    return kept
 
 
 def finish_method(graph: GraphDraft) -> dict:

@@ -43,6 +43,14 @@ def campaign_range(low: int, high: int) -> tuple[int, int]:
     return max(low, (low + high + 1) // 2, CAMPAIGN_MIN_LOW), max(2 * high, CAMPAIGN_MIN_HIGH)
 
 
+def swarming() -> bool:
+    """Swarm testing (each graph drawn from a random subset of the ops) in
+    campaigns, unless ETPROP_SWARM=0; never in the properties' own ranges (CI)."""
+    import os
+
+    return _campaign and os.environ.get("ETPROP_SWARM", "1") != "0"
+
+
 def slot_count(draw, low: int, high: int) -> int:
     """Draw how many node slots a graph gets (each slot may stay empty)."""
     if _campaign:

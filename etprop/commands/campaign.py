@@ -18,6 +18,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -46,6 +47,9 @@ EXAMPLE_MARGIN_SECONDS = 60
 # Whatever still runs this long before the end is stopped: the summary and
 # reports are written inside the budget.
 REPORT_SECONDS = 15
+# The reach meter (etprop/lowering/reach.py) measures one example in this many
+# by default (benchmarks/reach_overhead.py measures what it costs).
+REACH_EVERY = 1
 # A progress line at least this often.
 PROGRESS_SECONDS = 60
 
@@ -199,6 +203,8 @@ class Campaign:
     flow_modules: list[str] = field(default_factory=list)
     shrink: bool = True
     seed: int = 0
+    # The reach meter measures one example in this many (0: off).
+    reach_every: int = REACH_EVERY
 
     @classmethod
     def from_args(cls, args) -> "Campaign":
@@ -206,9 +212,12 @@ class Campaign:
         chosen = [flowreg.get_available(n).name for n in names] or [f.name for f in flowreg.available_flows()]
         if args.workers < 1:
             raise UsageError("--workers must be at least 1")
+        if args.reach_every < 0:
+            raise UsageError("--reach-every must be 0 (meter off) or more")
+        seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
         return cls(chosen, args.minutes, args.examples, args.workers, parse_shard(args.shard),
                    Path(args.artifacts), args.db, args.db_readonly, args.properties, args.flow_module,
-                   not args.no_shrink, args.seed)
+                   not args.no_shrink, seed, args.reach_every)
 
     def _env(self, deadline_file: Path) -> dict:
         from etprop.verdicts.repro import atomic_write
@@ -216,6 +225,8 @@ class Campaign:
         # What each item got so far: the round's order (pytest_plugin.pytest_collection_modifyitems).
         served = self.artifacts / "served.json"
         atomic_write(served, json.dumps(Summary.load(self.artifacts).served_per_item()))
+        if self.reach_every:
+            self._schedule()
         env = dict(os.environ)
         env.update(ETPROP_FLOWS=",".join(self.flows), ETPROP_ARTIFACTS=str(self.artifacts.resolve()),
                    ETPROP_PROFILE="fuzz-noshrink", ETPROP_RECORD_ONLY="1",
@@ -223,7 +234,26 @@ class Campaign:
                    ETPROP_DB=self.db or str((self.artifacts / "hypothesis-db").resolve()),
                    ETPROP_DB_READONLY=self.db_readonly, ETPROP_FLOW_MODULE=",".join(self.flow_modules),
                    ETPROP_SHARD=f"{self.shard[0]}/{self.shard[1]}")
+        if self.reach_every:
+            env.update(ETPROP_REACH_DIR=str((self.artifacts / "reach").resolve()),
+                       ETPROP_REACH_EVERY=str(self.reach_every),
+                       ETPROP_SCHEDULE=str((self.artifacts / "schedule.json").resolve()))
         return env
+
+    def _schedule(self) -> None:
+        """Each item's share of the next round from the new lowering code it
+        earned per CPU-second (etprop/commands/schedule.py), written for the
+        round's plugin; the designed shares are those the last round collected."""
+        from etprop.commands import schedule
+        from etprop.verdicts.repro import atomic_write
+
+        collected = self.artifacts / "collected.json"
+        if not collected.is_file():
+            return
+        designed = json.loads(collected.read_text())
+        scheduled = schedule.shares(Summary.load(self.artifacts).records, designed)
+        atomic_write(self.artifacts / "schedule.json",
+                     json.dumps({item: share.as_dict() for item, share in scheduled.items()}, indent=1))
 
     def _pytest_command(self, round_index: int, per_round: int, workers: int | None = None) -> list[str]:
         command = properties_command(round_seed(self.shard, round_index, self.seed),
@@ -334,7 +364,13 @@ class Campaign:
         triage_budget, triage_spent = self.minutes * 60 * TRIAGE_SHARE, 0.0
         print(f"etprop fuzz: flows {', '.join(self.flows)}; budget {self.minutes:g} min"
               + (f" or {self.examples} examples per property x flow" if self.examples else "")
-              + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; seed {self.seed}; artifacts {self.artifacts}")
+              + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; seed {self.seed} "
+              f"(--seed {self.seed} draws these programs again); reach meter "
+              + (f"on one example in {self.reach_every}" if self.reach_every else "off")
+              + f"; artifacts {self.artifacts}")
+        if self.reach_every:
+            (self.artifacts / "reach").mkdir(exist_ok=True)
+            (self.artifacts / "reach" / "every").write_text(str(self.reach_every))
         self._round = self._internal_rounds = 0
         if not self.properties or "coverage" in self.properties:
             made = time.time()

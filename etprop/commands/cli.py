@@ -93,9 +93,23 @@ def cmd_replay(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
-    from etprop.commands.campaign import Campaign
+    from etprop.commands.campaign import REACH_EVERY, Campaign
 
+    if args.reach_every is None:
+        args.reach_every = REACH_EVERY
     return Campaign.from_args(args).run()
+
+
+def cmd_coverage(args) -> int:
+    """Merge the reach meter's data of several campaigns (or shards) and print it."""
+    from etprop.commands.reach_report import combined_section
+
+    found = combined_section([Path(d) for d in args.directories], Path(args.into))
+    if found is None:
+        raise UsageError("no reach data under " + ", ".join(args.directories)
+                         + " (a campaign writes it to ARTIFACTS/reach/; run etprop fuzz first)")
+    print("\n".join(found.text(functions=5)))
+    return 0
 
 
 def cmd_gate(args) -> int:
@@ -152,15 +166,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1,
                    help="pytest-xdist workers on this machine (default: one per core)")
     p.add_argument("--shard", default="0/1", help="this machine's shard, i/N (seeds differ per shard)")
-    p.add_argument("--seed", type=int, default=0,
-                   help="campaign seed: the same code and seed draw the same programs, another seed others "
-                        "(e.g. one per nightly run; default: 0)")
+    p.add_argument("--seed", type=int, default=None,
+                   help="campaign seed: the same code and seed draw the same programs (default: a new seed "
+                        "each run, printed first)")
+    p.add_argument("--reach-every", type=int, default=None, metavar="N",
+                   help="measure the lowering code's coverage on one example in N (0: off; default: "
+                        "campaign.REACH_EVERY)")
     p.add_argument("--db", default="", help="example database: a directory or redis://host:port/db")
     p.add_argument("--db-readonly", default="", help="a database to replay without writing to it")
     p.add_argument("--properties", default="", help="pytest -k expression selecting properties")
     p.add_argument("--no-shrink", action="store_true",
                    help="record failures as found, without shrinking, merging or placing them (quick smoke runs)")
     p.set_defaults(func=cmd_fuzz)
+
+    p = sub.add_parser("coverage", help="the lowering code's coverage (reach) of campaigns: combine DIR...")
+    p.add_argument("action", choices=["combine"])
+    p.add_argument("directories", nargs="+", metavar="DIR",
+                   help="campaign artifacts directories (their reach/ folders) or reach folders")
+    p.add_argument("--into", default="artifacts/reach-merged",
+                   help="where the merged data goes (default: artifacts/reach-merged)")
+    p.set_defaults(func=cmd_coverage)
 
     p = sub.add_parser("repro", help="replay one repro file; exit 1 while the defect is present")
     _add_common(p)

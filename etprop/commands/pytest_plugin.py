@@ -13,6 +13,7 @@ Options (also settable through ETPROP_* environment variables, which is how
   --etprop-seed N           seed Hypothesis's generation (shards of a campaign, the gate)
   --etprop-round N          a campaign's round: where its items start among equals
   --etprop-served FILE      a campaign's examples so far per test item (JSON): who runs first
+  --etprop-schedule FILE    a campaign's earned share per test item (JSON, etprop/commands/schedule.py)
 
 Why not --hypothesis-seed: Hypothesis turns its example database off when that
 option forces a seed, and a campaign's shards must share the database.
@@ -42,6 +43,7 @@ OPTIONS = {
     "seed": "ETPROP_SEED",
     "round": "ETPROP_ROUND",
     "served": "ETPROP_SERVED",
+    "schedule": "ETPROP_SCHEDULE",
     "sizes": "ETPROP_SIZES",
 }
 
@@ -153,13 +155,20 @@ def pytest_collection_modifyitems(config, items):
     if not served_file and not round_index:
         return
     served = json.loads(Path(served_file).read_text()) if served_file else {}
+    schedule_file = option(config, "schedule")
+    earned = {item: entry["earned"] for item, entry in json.loads(Path(schedule_file).read_text()).items()} \
+        if schedule_file and Path(schedule_file).is_file() else {}
     offset = int((round_index * ROUND_ROTATION) % 1 * len(items))
     rotated = {id(item): (position - offset) % len(items) for position, item in enumerate(items)}
 
-    def ratio(item) -> float:
-        return served.get(item.nodeid, 0) / item_share(item)
+    def share_now(item) -> float:
+        """The share the campaign's schedule gives the item, or its designed one."""
+        return earned.get(item.nodeid) or item_share(item)
 
-    items.sort(key=lambda item: (ratio(item), -item_share(item), rotated[id(item)]))
+    def ratio(item) -> float:
+        return served.get(item.nodeid, 0) / share_now(item)
+
+    items.sort(key=lambda item: (ratio(item), -share_now(item), rotated[id(item)]))
     config.etprop_round_items = list(items)
     if items:
         behind = ratio(items[0]) + 1 / ROUND_SLICES

@@ -238,6 +238,14 @@ class Summary:
     def known_count(self) -> int:
         return sum(1 for r in self.records for f in r["flows"] if f.get("known"))
 
+    def reach(self):
+        """The reach section (etprop/commands/reach_report.py), read once per summary."""
+        if getattr(self, "_reach", None) is None:
+            from etprop.commands.reach_report import section
+
+            self._reach = section(self.artifacts, self.records)
+        return self._reach
+
     def attribution_counts(self) -> Counter:
         """Failures whose attribution ran, by how it ended (one cause, two
         causes, or only several together: new)."""
@@ -375,11 +383,32 @@ class Summary:
         coverage = self.coverage_text()
         if coverage:
             lines += [""] + coverage
+        reached = self.reach().text()
+        if reached:
+            lines += [""] + reached
+        scheduled = self.schedule_text()
+        if scheduled:
+            lines += [""] + scheduled
         return "\n".join(lines)
+
+    def schedule_text(self) -> list[str]:
+        """The power schedule of the campaign's last round (schedule.json)."""
+        from etprop.commands import schedule
+
+        path = self.artifacts / "schedule.json" if self.artifacts else None
+        if path is None or not path.is_file():
+            return []
+        try:
+            entries = {item: schedule.ItemShare(**entry) for item, entry in json.loads(path.read_text()).items()}
+        except (ValueError, TypeError):
+            return []
+        return schedule.text(entries)
 
     def markdown(self) -> str:
         defects, queued = self.defects()
         lines = ["## etprop campaign", "", self.headline(), ""]
+        if self.attribution_text():
+            lines[-1:] = ["", self.attribution_text(), ""]
         if defects or queued:
             lines += ["| layer | defect | hits | seen in | repro |", "|---|---|---|---|---|"]
         for row in defects:
@@ -415,6 +444,7 @@ class Summary:
         if rows:
             lines += ["", "| coverage | reached | drawable |", "|---|---|---|"]
             lines += [f"| {group} | {done} | {total} |" for group, done, total in rows]
+        lines += self.reach().markdown()
         return "\n".join(lines) + "\n"
 
     def html(self) -> str:
@@ -462,6 +492,7 @@ pre{{background:#f6f6f6;padding:6px;white-space:pre-wrap}}</style></head><body>
 <h2>Defects</h2><table><tr><th>layer</th><th>defect</th><th>hits</th><th>seen in</th><th>files</th></tr>{defect_rows}</table>
 <h2>Outcomes per property and flow</h2><table><tr><th>property</th><th>flow</th><th>examples</th><th>outcomes</th></tr>{rows}</table>
 {quantized_table}
+{self.reach().html()}
 <h2>Op coverage (examples containing each op)</h2><table><tr><th>op</th>{cov_head}</tr>{cov_rows}</table>
 </body></html>"""
 
@@ -472,8 +503,9 @@ def write_reports(summary: Summary, directory: Path) -> list[Path]:
     atomic_write(paths[0], summary.markdown())
     atomic_write(paths[1], summary.html())
     reached, wanted = summary.coverage()
-    if reached:
+    lowering = summary.reach().to_json() if summary.reach().components else None
+    if reached or lowering:
         paths.append(directory / "coverage.json")
-        atomic_write(paths[2], json.dumps({"reached": sorted(reached), "not_reached": sorted(wanted - reached)},
-                                          indent=1))
+        atomic_write(paths[2], json.dumps({"reached": sorted(reached), "not_reached": sorted(wanted - reached),
+                                           **({"reach": lowering} if lowering else {})}, indent=1))
     return paths

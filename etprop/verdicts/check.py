@@ -25,7 +25,7 @@ from etprop.program import builder
 from etprop.program.quantize import QuantizationFailed
 from etprop.lowering import pipeline
 from etprop.verdicts import repro
-from etprop.lowering import stages
+from etprop.lowering import reach, stages
 from etprop.program import coverage_space
 from etprop.program import spec as specmod
 from etprop.flows.base import Flow
@@ -71,6 +71,9 @@ class ExampleResult:
     repro: Optional[Path] = None
     seconds: float = 0.0
     executorch_seconds: float = 0.0
+    # {"new_arcs": {component: arcs}}: the arcs of the lowering code this
+    # example reached first in its process; empty when the meter did not measure it.
+    reach: dict = field(default_factory=dict)
     # New failures of this spec with a known finding's cause neutralized:
     # recorded and reported as examples of their own.
     followups: list["ExampleResult"] = field(default_factory=list)
@@ -133,6 +136,7 @@ class Artifacts:
                 "repro": str(result.repro) if result.repro else None,
                 "quantization": (result.spec.get("quantization") or {}).get("scheme"),
                 "item": self.item, "share": self.share,
+                **result.reach,
                 "coverage": sorted(coverage_space.key_text(key) for key in coverage_space.keys(result.spec)),
                 "flows": [{"flow": r.flow, "outcome": r.outcome.value, "known": r.known,
                            **({"attribution": r.attribution} if r.attribution else {}),
@@ -265,7 +269,20 @@ def run_example_by_name(spec: dict, flow_names: list[str], prop: str, oracles: l
     """run_example with flows named, for worker processes (flows hold lambdas)."""
     from etprop import flows as flowreg
 
-    return run_example(spec, [flowreg.get(n) for n in flow_names], prop, oracles, Artifacts(artifacts_root))
+    return run_example_measured(spec, [flowreg.get(n) for n in flow_names], prop, oracles,
+                                Artifacts(artifacts_root))
+
+
+def run_example_measured(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
+                         artifacts: Artifacts) -> ExampleResult:
+    """run_example under this process's reach meter (etprop/lowering/reach.py),
+    when a campaign set one up: the result carries the branch arcs the
+    example reached first, per component."""
+    key = f"{prop}|{specmod.digest(spec)}|{','.join(f.name for f in flows)}"
+    with reach.measured(key) as measurement:
+        result = run_example(spec, flows, prop, oracles, artifacts)
+    result.reach = measurement.as_record()
+    return result
 
 
 def finish(example: ExampleResult, flow_names: list[str], artifacts: Artifacts) -> None:

@@ -26,7 +26,8 @@ from hypothesis.control import currently_in_test_context
 
 from etprop.lowering import stages
 from etprop.verdicts import known_findings
-from etprop.verdicts.check import Artifacts, ExampleResult, FlowResult, Oracle, finish, run_example, run_example_by_name
+from etprop.verdicts.check import (Artifacts, ExampleResult, FlowResult, Oracle, finish, run_example_by_name,
+                                   run_example_measured)
 from etprop.lowering.isolation import Worker, WorkerDied, WorkerError
 from etprop.oracles import OracleFailure, Verdict
 from etprop.verdicts.outcomes import Outcome
@@ -239,7 +240,7 @@ class Session:
         names = [f.name for f in flows]
         try:
             if not self.isolated:
-                return run_example(spec, flows, prop, oracles, self.artifacts)
+                return run_example_measured(spec, flows, prop, oracles, self.artifacts)
             worker = worker or self._worker
             try:
                 return worker.call(run_example_by_name, spec=spec, flow_names=names, prop=prop, oracles=oracles,
@@ -439,6 +440,10 @@ class Session:
         result.followups = [self._confirm(f.spec, flows, prop, oracles, f) if f.new_failures else f
                             for f in result.followups]
         self._finish(result, flows)
+        if result.reach and currently_in_test_context():
+            # Hypothesis's targeted phase climbs toward programs that reach
+            # lowering code the process had not reached (etprop/lowering/reach.py).
+            target(float(sum(result.reach["new_arcs"].values())), label="new lowering arcs")
         for flow_result in result.results:
             _label(f"{flow_result.flow}: {flow_result.outcome.value}"
                   + (f" (known {flow_result.known})" if flow_result.known else ""))
