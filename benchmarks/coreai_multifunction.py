@@ -38,11 +38,16 @@ def lower(flow, module):
     from executorch.exir import to_edge_transform_and_lower
 
     with flow.context():
-        exported = {"forward": torch.export.export(module, (torch.randn(1, WIDTH),)),
-                    "prefill": torch.export.export(module, (torch.randn(PREFILL_ROWS, WIDTH),))}
-        edge = to_edge_transform_and_lower(exported, partitioner=flow.partitioners(),
-                                           transform_passes=flow.transform_passes(),
-                                           compile_config=flow.compile_config())
+        exported = {
+            "forward": torch.export.export(module, (torch.randn(1, WIDTH),)),
+            "prefill": torch.export.export(module, (torch.randn(PREFILL_ROWS, WIDTH),)),
+        }
+        edge = to_edge_transform_and_lower(
+            exported,
+            partitioner=flow.partitioners(),
+            transform_passes=flow.transform_passes(),
+            compile_config=flow.compile_config(),
+        )
         return edge.to_executorch()
 
 
@@ -65,22 +70,35 @@ def measure(name: str, module) -> dict:
             torch.testing.assert_close(out, module(x).detach(), rtol=1e-4, atol=1e-4)
         again = time.perf_counter() - t1
         loaded = len(runner._loaded)
-    return {"flow": name, "pte_mib": len(pte) / 2**20, "bundles": len(bundles),
-            "hashes": len(set(bundle_hashes(program).values())), "loaded": loaded,
-            "lower_s": lowered, "load_and_run_s": first, "run_again_s": again}
+    return {
+        "flow": name,
+        "pte_mib": len(pte) / 2**20,
+        "bundles": len(bundles),
+        "hashes": len(set(bundle_hashes(program).values())),
+        "loaded": loaded,
+        "lower_s": lowered,
+        "load_and_run_s": first,
+        "run_again_s": again,
+    }
 
 
 def main() -> None:
     torch.manual_seed(0)
     module = Stack().eval()
-    print(f"{LAYERS} x Linear({WIDTH}, {WIDTH}) fp32, forward 1 row, prefill {PREFILL_ROWS} rows; "
-          f"weights {sum(p.numel() for p in module.parameters()) * 4 / 2**20:.1f} MiB")
+    print(
+        f"{LAYERS} x Linear({WIDTH}, {WIDTH}) fp32, forward 1 row, prefill {PREFILL_ROWS} rows; "
+        f"weights {sum(p.numel() for p in module.parameters()) * 4 / 2**20:.1f} MiB"
+    )
     rows = [measure(name, module) for name in ("coreai", "coreai+multifunction")]
-    print(f"{'flow':<22}{'pte MiB':>9}{'bundles':>9}{'hashes':>8}{'loaded':>8}{'lower s':>9}"
-          f"{'load+run s':>12}{'run again s':>13}")
+    print(
+        f"{'flow':<22}{'pte MiB':>9}{'bundles':>9}{'hashes':>8}{'loaded':>8}{'lower s':>9}"
+        f"{'load+run s':>12}{'run again s':>13}"
+    )
     for r in rows:
-        print(f"{r['flow']:<22}{r['pte_mib']:>9.2f}{r['bundles']:>9}{r['hashes']:>8}{r['loaded']:>8}"
-              f"{r['lower_s']:>9.2f}{r['load_and_run_s']:>12.3f}{r['run_again_s']:>13.4f}")
+        print(
+            f"{r['flow']:<22}{r['pte_mib']:>9.2f}{r['bundles']:>9}{r['hashes']:>8}{r['loaded']:>8}"
+            f"{r['lower_s']:>9.2f}{r['load_and_run_s']:>12.3f}{r['run_again_s']:>13.4f}"
+        )
 
 
 if __name__ == "__main__":

@@ -39,8 +39,7 @@ def lower(flow_name: str, module: nn.Module, inputs: tuple):
     with flow.context():
         edge = to_edge_transform_and_lower(ep, partitioner=flow.partitioners())
         graph = edge.exported_program().graph
-        calls = [n.target.__name__ for n in graph.nodes
-                 if n.op == "call_function" and n.target is not operator.getitem]
+        calls = [n.target.__name__ for n in graph.nodes if n.op == "call_function" and n.target is not operator.getitem]
         delegates = calls.count("executorch_call_delegate")
         outside = [c for c in calls if c != "executorch_call_delegate"]
         buffer = edge.to_executorch().buffer

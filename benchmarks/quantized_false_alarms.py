@@ -24,7 +24,6 @@ from pathlib import Path
 
 from etprop.strategies.reproducible import draws_independent_of_imported_source
 
-
 # Judged as the single-flow quantized property is (its repros replay and shrink as such).
 PROPERTY = "quantized"
 
@@ -37,12 +36,16 @@ def sample_specs(count: int) -> list[dict]:
     from etprop.strategies.control_flow import control_flow_programs
     from etprop.strategies.programs import computed_weight_programs, programs, quantized
 
-    families = st.one_of(programs(min_nodes=4, max_nodes=24, gemm_heavy=True, dtype="float32"),
-                         computed_weight_programs(), control_flow_programs())
+    families = st.one_of(
+        programs(min_nodes=4, max_nodes=24, gemm_heavy=True, dtype="float32"),
+        computed_weight_programs(),
+        control_flow_programs(),
+    )
     specs: list[dict] = []
 
-    @settings(max_examples=count, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(
+        max_examples=count, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck)
+    )
     @given(spec=quantized(families, SCHEMES))
     def collect(spec):
         specs.append(spec)
@@ -93,8 +96,11 @@ def main() -> None:
     specs = sample_specs(args.programs)
     unique = {digest(s): s for s in specs}
     mine = [s for i, s in enumerate(unique.values()) if i % total == index]
-    print(f"{len(specs)} drawn, {len(unique)} distinct quantized programs; shard {args.shard}: {len(mine)}; "
-          f"flows {args.flows}", flush=True)
+    print(
+        f"{len(specs)} drawn, {len(unique)} distinct quantized programs; shard {args.shard}: {len(mine)}; "
+        f"flows {args.flows}",
+        flush=True,
+    )
     outcomes: Counter = Counter()
     unexplained = []
     done = _resume(Path(args.artifacts), {digest(s): s for s in mine}, outcomes, unexplained)
@@ -115,18 +121,25 @@ def main() -> None:
                     continue
                 for example in [result] + result.followups:
                     for flow_result in example.results:
-                        label = flow_result.outcome.value + (f" (known {flow_result.known})"
-                                                             if flow_result.known else "")
+                        label = flow_result.outcome.value + (
+                            f" (known {flow_result.known})" if flow_result.known else ""
+                        )
                         outcomes[(scheme, flow.name, label)] += 1
                         if flow_result.outcome.is_failure and not flow_result.known:
-                            unexplained.append((digest(example.spec), flow.name, flow_result.message[:300],
-                                                example.repro))
-            print(f"[{time.time() - started:6.0f} s] {number}/{len(mine)} programs; "
-                  f"{len(unexplained)} unexplained failure(s)", flush=True)
+                            unexplained.append(
+                                (digest(example.spec), flow.name, flow_result.message[:300], example.repro)
+                            )
+            print(
+                f"[{time.time() - started:6.0f} s] {number}/{len(mine)} programs; "
+                f"{len(unexplained)} unexplained failure(s)",
+                flush=True,
+            )
     finally:
         session.close()
-    print(f"\n{datetime.date.today()} · {platform.node()} · `python benchmarks/quantized_false_alarms.py "
-          f"--programs {args.programs} --flows {args.flows} --shard {args.shard}` · {time.time() - started:.0f} s")
+    print(
+        f"\n{datetime.date.today()} · {platform.node()} · `python benchmarks/quantized_false_alarms.py "
+        f"--programs {args.programs} --flows {args.flows} --shard {args.shard}` · {time.time() - started:.0f} s"
+    )
     print("\n| scheme | flow | outcome | results |\n|---|---|---|---|")
     for (scheme, flow, label), count in sorted(outcomes.items()):
         print(f"| {scheme} | {flow} | {label} | {count} |")

@@ -54,21 +54,28 @@ def main(argv: list[str] | None = None) -> int:
         not_expressed = {key.split(": ", 1)[1]: n for key, n in classes.items() if key.startswith("not expressed")}
         missing.update(not_expressed)
         per_kind.setdefault(recipe.kind, Counter()).update(classes)
-        print(f"| {name} | {recipe.kind} | {total} | {_share(classes[EXPRESSED], total)} | "
-              f"{classes[PARAMETERS]} | {classes[INTEGER]} | "
-              f"{', '.join(f'{op} {n}' for op, n in sorted(not_expressed.items(), key=lambda i: -i[1])) or '-'} |")
+        print(
+            f"| {name} | {recipe.kind} | {total} | {_share(classes[EXPRESSED], total)} | "
+            f"{classes[PARAMETERS]} | {classes[INTEGER]} | "
+            f"{', '.join(f'{op} {n}' for op, n in sorted(not_expressed.items(), key=lambda i: -i[1])) or '-'} |"
+        )
     print("\n| kind | ATen ops | expressed of all | expressed of float dataflow | integer and indexing |")
     print("|---|---|---|---|---|")
     for kind, classes in per_kind.items():
         total = sum(classes.values())
         dataflow = total - classes[INTEGER]
-        print(f"| {kind} | {total} | {_share(classes[EXPRESSED], total)} | {_share(classes[EXPRESSED], dataflow)} | "
-              f"{_share(classes[INTEGER], total)} |")
-    print("\nnot expressed, most frequent first: "
-          + (", ".join(f"{op} {n}" for op, n in missing.most_common()) or "none"))
-    print(f"\n{datetime.date.today()} · {platform.node()} ({platform.machine()}) · "
-          f"`python benchmarks/real_model_coverage.py{' ' + ' '.join(args.models) if args.models else ''}` · "
-          f"{time.monotonic() - started:.0f} s")
+        print(
+            f"| {kind} | {total} | {_share(classes[EXPRESSED], total)} | {_share(classes[EXPRESSED], dataflow)} | "
+            f"{_share(classes[INTEGER], total)} |"
+        )
+    print(
+        "\nnot expressed, most frequent first: " + (", ".join(f"{op} {n}" for op, n in missing.most_common()) or "none")
+    )
+    print(
+        f"\n{datetime.date.today()} · {platform.node()} ({platform.machine()}) · "
+        f"`python benchmarks/real_model_coverage.py{' ' + ' '.join(args.models) if args.models else ''}` · "
+        f"{time.monotonic() - started:.0f} s"
+    )
     return 0
 
 

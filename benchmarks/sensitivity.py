@@ -54,15 +54,23 @@ def sample_specs(count: int) -> list[dict]:
     from etprop.strategies.control_flow import control_flow_programs
     from etprop.strategies.programs import computed_weight_programs, programs
 
-    families = [(programs(min_nodes=6, max_nodes=40), 0.7), (control_flow_programs(), 0.15),
-                (computed_weight_programs(), 0.15)]
+    families = [
+        (programs(min_nodes=6, max_nodes=40), 0.7),
+        (control_flow_programs(), 0.15),
+        (computed_weight_programs(), 0.15),
+    ]
     specs: dict[str, dict] = {}
     for strategy, share in families:
         wanted = max(1, round(count * share))
         found: list[dict] = []
 
-        @settings(max_examples=wanted * 2, derandomize=True, database=None, deadline=None,
-                  suppress_health_check=list(HealthCheck))
+        @settings(
+            max_examples=wanted * 2,
+            derandomize=True,
+            database=None,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+        )
         @given(spec=strategy)
         def collect(spec):
             found.append(spec)
@@ -114,17 +122,19 @@ def inputs_record(spec: dict) -> dict:
 
     built = builder.build(spec)
     constants = [name for name, entry in spec["state"].items() if entry["kind"] == "constant"]
-    return {"state": {k: v.clone() for k, v in built.module.state_dict().items()},
-            "constants": {name: getattr(built.module, name).clone() for name in constants},
-            "cases": [(method, kind, inputs) for method, kind, inputs in cases(built)]}
+    return {
+        "state": {k: v.clone() for k, v in built.module.state_dict().items()},
+        "constants": {name: getattr(built.module, name).clone() for name in constants},
+        "cases": [(method, kind, inputs) for method, kind, inputs in cases(built)],
+    }
 
 
 def lower_phase(corpus: Path, count: int, flow_names: list[str], timeout: float, shard: tuple[int, int]) -> None:
     """Flow by flow (so a stopped run leaves whole flows done), programs of
     this shard only (``index % n == i``: shards run side by side)."""
-    from etprop.lowering.isolation import Worker
-
     import sensitivity
+
+    from etprop.lowering.isolation import Worker
 
     corpus.mkdir(parents=True, exist_ok=True)
     listing = corpus / "specs.json"
@@ -207,8 +217,9 @@ def changes_result(original: dict, mutated: dict, dtype: torch.dtype) -> bool:
     seen = False
     for sequence, cases in original.items():
         for before, after in zip(cases, mutated[sequence]):
-            if len(before) != len(after) or any(a.shape != b.shape or a.dtype != b.dtype
-                                                for a, b in zip(before, after)):
+            if len(before) != len(after) or any(
+                a.shape != b.shape or a.dtype != b.dtype for a, b in zip(before, after)
+            ):
                 return False
             lowered = [b.to(dtype) if b.is_floating_point() else b for b in before]
             seen = seen or mutants.apply_delta(lowered, before, after) is not None
@@ -295,9 +306,21 @@ def eager_phase(corpus: Path, flow_names: list[str]) -> None:
             save(record, where / "inputs.pt")
     for variant, env in VARIANTS.items():
         print(f"eager references, variant {variant}", flush=True)
-        subprocess.run([sys.executable, __file__, "eager-here", "--corpus", str(corpus), "--variant", variant,
-                        "--flows", ",".join(flow_names)],
-                       env={**os.environ, **env}, check=True)
+        subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "eager-here",
+                "--corpus",
+                str(corpus),
+                "--variant",
+                variant,
+                "--flows",
+                ",".join(flow_names),
+            ],
+            env={**os.environ, **env},
+            check=True,
+        )
 
 
 def load(corpus: Path, flow_names: list[str]) -> list[dict]:
@@ -323,18 +346,29 @@ def load(corpus: Path, flow_names: list[str]) -> list[dict]:
         found = torch.load(path, weights_only=False) if path.exists() else {}
         path = where / "attributed.json"
         attributed = json.loads(path.read_text()) if path.exists() else {}
-        programs.append({"name": where.name, "spec": spec, "refs": refs, "lowered": lowered, "attributed": attributed,
-                         "dtype": spec.get("dtype", "float32"),
-                         "sequence": {flow: bool(uses_sequence(spec, flow)) for flow in flow_names},
-                         "mutants": {k: v for k, v in found.items() if k != "error"}})
+        programs.append(
+            {
+                "name": where.name,
+                "spec": spec,
+                "refs": refs,
+                "lowered": lowered,
+                "attributed": attributed,
+                "dtype": spec.get("dtype", "float32"),
+                "sequence": {flow: bool(uses_sequence(spec, flow)) for flow in flow_names},
+                "mutants": {k: v for k, v in found.items() if k != "error"},
+            }
+        )
     return programs
 
 
 def previous_policy(reference, actual, flow: str = "") -> str | None:
     """The policy this module replaced (rtol/atol scaled by the output's
     largest magnitude, plus 8x the float64 distance), for comparison."""
-    base = {torch.float32: (1e-3, 1e-3), torch.float16: (1e-2, 2e-2 if flow == "coreai" else 1e-2),
-            torch.bfloat16: (2e-2, 1e-2)}
+    base = {
+        torch.float32: (1e-3, 1e-3),
+        torch.float16: (1e-2, 2e-2 if flow == "coreai" else 1e-2),
+        torch.bfloat16: (2e-2, 1e-2),
+    }
     if len(actual) != len(reference.expected):
         return "count"
     for want, got, wide in zip(reference.expected, actual, reference.wide):
@@ -365,8 +399,9 @@ def _policy(name: str):
     from etprop import flows as flowreg
 
     if name == "unscattered":
-        return lambda reference, actual, flow: tolerance.judge(_unscattered(reference), actual,
-                                                               flowreg.get(flow).runtime).problem
+        return lambda reference, actual, flow: (
+            tolerance.judge(_unscattered(reference), actual, flowreg.get(flow).runtime).problem
+        )
     return lambda reference, actual, flow: tolerance.judge(reference, actual, flowreg.get(flow).runtime).problem
 
 
@@ -376,8 +411,13 @@ def _unscattered(reference):
     from types import SimpleNamespace
 
     runs = reference.jittered
-    return SimpleNamespace(expected=reference.expected, wide=reference.wide, flips=reference.flips, directional=2,
-                           jittered=runs[:2] + runs[getattr(reference, "directional", 2):])
+    return SimpleNamespace(
+        expected=reference.expected,
+        wide=reference.wide,
+        flips=reference.flips,
+        directional=2,
+        jittered=runs[:2] + runs[getattr(reference, "directional", 2) :],
+    )
 
 
 def evaluate(programs: list[dict], policy, flow_names: list[str]) -> dict:
@@ -408,7 +448,8 @@ def evaluate(programs: list[dict], policy, flow_names: list[str]) -> dict:
                 flips[flow].append((program["name"], verdicts))
             sequence = program["sequence"][flow]
             for index, ((method, kind, reference), (_, _, actual)) in enumerate(
-                    zip(program["refs"]["native"][flow], cases)):
+                zip(program["refs"]["native"][flow], cases)
+            ):
                 if policy(reference, actual, flow):
                     continue
                 dtype = program["dtype"]
@@ -457,8 +498,11 @@ def report(figures: dict, title: str, show: int, attributed: dict | None = None)
             verdicts: dict[str, int] = {}
             for name, _ in figures["failing"][flow]["native"]:
                 done = attributed.get(name, {}).get(flow)
-                verdict = ("not re-run" if done is None else done["known"] or
-                           ("new" if done["new"] else f"{done['outcome']} on the re-run"))
+                verdict = (
+                    "not re-run"
+                    if done is None
+                    else done["known"] or ("new" if done["new"] else f"{done['outcome']} on the re-run")
+                )
                 verdicts[verdict] = verdicts.get(verdict, 0) + 1
             print(f"  {flow}: " + ", ".join(f"{v} {n}" for v, n in sorted(verdicts.items(), key=lambda kv: -kv[1])))
     for flow in figures["judged"] if attributed is not None else ():
@@ -466,8 +510,10 @@ def report(figures: dict, title: str, show: int, attributed: dict | None = None)
             done = attributed.get(name, {}).get(flow)
             if done and done["known"]:
                 continue
-            print(f"    {flow} failing {name}: {message[:240]}"
-                  f"{' [re-run: ' + (done['known'] or 'new') + ']' if done else ''}")
+            print(
+                f"    {flow} failing {name}: {message[:240]}"
+                f"{' [re-run: ' + (done['known'] or 'new') + ']' if done else ''}"
+            )
         for name, verdicts in figures["flips"][flow][:show]:
             which = [v for v, problem in verdicts.items() if problem]
             print(f"    {flow} flip {name}: fails under {which}: {next(p for p in verdicts.values() if p)[:200]}")
@@ -494,8 +540,10 @@ def nonfinite_cases(programs: list[dict], flow_names: list[str]) -> None:
                 else:
                     passing += 1
                     masked += judgement.unstable
-        print(f"  {flow}: {passing + len(failing)} cases with NaN/inf positions differing from eager; "
-              f"{passing} pass per element ({masked} elements masked or unstable), {len(failing)} fail")
+        print(
+            f"  {flow}: {passing + len(failing)} cases with NaN/inf positions differing from eager; "
+            f"{passing} pass per element ({masked} elements masked or unstable), {len(failing)} fail"
+        )
         for line in failing:
             print(f"      {line}")
 
@@ -507,15 +555,21 @@ def judge_phase(corpus: Path, flow_names: list[str], show: int, sweep: bool) -> 
     dtypes = {}
     for program in programs:
         dtypes[program["dtype"]] = dtypes.get(program["dtype"], 0) + 1
-    print(f"# {datetime.date.today()} on {platform.node()} ({platform.machine()}, {os.cpu_count()} cores, "
-          f"torch {torch.__version__}); command: {' '.join(sys.argv)}")
+    print(
+        f"# {datetime.date.today()} on {platform.node()} ({platform.machine()}, {os.cpu_count()} cores, "
+        f"torch {torch.__version__}); command: {' '.join(sys.argv)}"
+    )
     print(f"programs with references: {len(programs)} {dtypes}; CPU variants {list(VARIANTS)}")
     report(evaluate(programs, _policy("previous"), flow_names), "previous policy", 0)
-    report(evaluate(programs, _policy("per-element"), flow_names), "per-element policy "
-           f"(SPREAD_FACTOR {tolerance.SPREAD_FACTOR:g}, RELATIVE_FLOOR {tolerance.RELATIVE_FLOOR:g})", show,
-           {program["name"]: program["attributed"] for program in programs})
-    report(evaluate(programs, _policy("unscattered"), flow_names), "per-element policy without the scattered runs",
-           show)
+    report(
+        evaluate(programs, _policy("per-element"), flow_names),
+        f"per-element policy (SPREAD_FACTOR {tolerance.SPREAD_FACTOR:g}, RELATIVE_FLOOR {tolerance.RELATIVE_FLOOR:g})",
+        show,
+        {program["name"]: program["attributed"] for program in programs},
+    )
+    report(
+        evaluate(programs, _policy("unscattered"), flow_names), "per-element policy without the scattered runs", show
+    )
     print("non-finite values (cases the previous policy failed on NaN/inf positions):")
     nonfinite_cases(programs, flow_names)
     if sweep:
@@ -526,12 +580,17 @@ def judge_phase(corpus: Path, flow_names: list[str], show: int, sweep: bool) -> 
             for floor in (1.0, 2.0, 4.0):
                 tolerance.RELATIVE_FLOOR, tolerance.SCALE_FLOOR = floor, scale_floor
                 figures = evaluate(programs, _policy("per-element"), flow_names)
-                caught = " ".join(f"{k}/{d} {100 * h / max(t, 1):.1f}%"
-                                  for (k, d), (h, t) in sorted(figures["caught"].items()) if d == "float32")
+                caught = " ".join(
+                    f"{k}/{d} {100 * h / max(t, 1):.1f}%"
+                    for (k, d), (h, t) in sorted(figures["caught"].items())
+                    if d == "float32"
+                )
                 failing = " ".join(f"{f} {len(v['native'])}" for f, v in figures["failing"].items())
                 flips = sum(len(v) for v in figures["flips"].values())
-                print(f"  SCALE_FLOOR={scale_floor:g} RELATIVE_FLOOR={floor:g}: failing {failing}; flips {flips}; "
-                      f"float32 caught {caught}")
+                print(
+                    f"  SCALE_FLOOR={scale_floor:g} RELATIVE_FLOOR={floor:g}: failing {failing}; flips {flips}; "
+                    f"float32 caught {caught}"
+                )
         tolerance.RELATIVE_FLOOR, tolerance.SCALE_FLOOR = saved
 
 
@@ -558,11 +617,15 @@ def attribute_phase(corpus: Path, flow_names: list[str]) -> None:
                 result = session.run(spec, [flowreg.get(flow)], "equivalence", EQUIVALENCE, attribute=True)
                 (flow_result,) = result.results
                 new = result.new_failures + [r for f in result.followups for r in f.new_failures]
-                done[flow] = {"outcome": flow_result.outcome.value, "known": flow_result.known,
-                              "new": [r.message[:300] for r in new]}
+                done[flow] = {
+                    "outcome": flow_result.outcome.value,
+                    "known": flow_result.known,
+                    "new": [r.message[:300] for r in new],
+                }
                 target.write_text(json.dumps(done))
-                print(f"{name} {flow}: {done[flow]['known'] or ('new' if new else flow_result.outcome.value)}",
-                      flush=True)
+                print(
+                    f"{name} {flow}: {done[flow]['known'] or ('new' if new else flow_result.outcome.value)}", flush=True
+                )
     finally:
         session.close()
 
@@ -584,8 +647,9 @@ def main() -> None:
         # The isolated worker imports the lowering job from this file.
         sys.path.insert(0, str(Path(__file__).parent))
         os.environ["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).parent), os.environ.get("PYTHONPATH", "")])
-        lower_phase(args.corpus, args.programs, flow_names, args.timeout,
-                    tuple(int(part) for part in args.shard.split("/")))
+        lower_phase(
+            args.corpus, args.programs, flow_names, args.timeout, tuple(int(part) for part in args.shard.split("/"))
+        )
     if args.phase == "eager-here":
         eager_phase_here(args.corpus, args.variant, flow_names)
     if args.phase in ("eager", "all"):

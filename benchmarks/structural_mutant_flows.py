@@ -27,8 +27,11 @@ def _xnnpack_without_gemms() -> list:
     from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    return [XnnpackPartitioner(configs=[config for config in ALL_PARTITIONER_CONFIGS
-                                        if config.target_name not in GEMM_TARGETS])]
+    return [
+        XnnpackPartitioner(
+            configs=[config for config in ALL_PARTITIONER_CONFIGS if config.target_name not in GEMM_TARGETS]
+        )
+    ]
 
 
 def _xnnpack() -> list:
@@ -82,16 +85,23 @@ def _xnnpack_one_partition() -> list:
 
 def _xnnpack_mutant(name: str, description: str, partitioners, context=contextlib.nullcontext) -> Flow:
     """A mutant of stock XNNPACK, making XNNPACK's promises."""
-    return register(Flow(name=name, description=f"structural mutant: XNNPACK {description}",
-                         partitioners=partitioners, context=context, baseline="xnnpack",
-                         promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS)))
+    return register(
+        Flow(
+            name=name,
+            description=f"structural mutant: XNNPACK {description}",
+            partitioners=partitioners,
+            context=context,
+            baseline="xnnpack",
+            promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS),
+        )
+    )
 
 
 _xnnpack_mutant("mutant-gemm-on-portable", "that leaves every GEMM on portable kernels", _xnnpack_without_gemms)
-_xnnpack_mutant("mutant-weight-twice", "whose shared weights are stored once per use", _xnnpack,
-                _payloads_stored_again)
-_xnnpack_mutant("mutant-cyclic-partition", "whose partitions are merged into one, across portable ops",
-                _xnnpack_one_partition)
+_xnnpack_mutant("mutant-weight-twice", "whose shared weights are stored once per use", _xnnpack, _payloads_stored_again)
+_xnnpack_mutant(
+    "mutant-cyclic-partition", "whose partitions are merged into one, across portable ops", _xnnpack_one_partition
+)
 
 
 def _separate_payloads():

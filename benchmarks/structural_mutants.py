@@ -23,8 +23,16 @@ from collections import defaultdict
 from pathlib import Path
 
 FLOWS_FILE = Path(__file__).with_name("structural_mutant_flows.py")
-FAILURES = {"mismatch", "crash", "timeout", "lowering error", "run error", "serialization error",
-            "property violation", "quantization error"}
+FAILURES = {
+    "mismatch",
+    "crash",
+    "timeout",
+    "lowering error",
+    "run error",
+    "serialization error",
+    "property violation",
+    "quantization error",
+}
 
 
 def mutants() -> dict[str, str]:
@@ -32,16 +40,25 @@ def mutants() -> dict[str, str]:
     from etprop import flows
 
     flows.load_flow_module(str(FLOWS_FILE))
-    return {flow.name: flow.baseline for flow in flows.all_flows()
-            if flow.name.startswith("mutant-") and flow.available}
+    return {
+        flow.name: flow.baseline for flow in flows.all_flows() if flow.name.startswith("mutant-") and flow.available
+    }
 
 
 def judged(artifacts: Path, mutant: str, stock: str) -> dict:
     """What the campaign says of one mutant: examples it ran, and the first kill."""
-    records = [json.loads(line) for path in sorted((artifacts / "results").glob("*.jsonl"))
-               for line in path.read_text().splitlines() if line.strip()]
-    passed_stock = {record["digest"] for record in records for flow in record["flows"]
-                    if flow["flow"] == stock and flow["outcome"] == "pass"}
+    records = [
+        json.loads(line)
+        for path in sorted((artifacts / "results").glob("*.jsonl"))
+        for line in path.read_text().splitlines()
+        if line.strip()
+    ]
+    passed_stock = {
+        record["digest"]
+        for record in records
+        for flow in record["flows"]
+        if flow["flow"] == stock and flow["outcome"] == "pass"
+    }
     ran = 0
     for record in records:
         for flow in record["flows"]:
@@ -49,8 +66,13 @@ def judged(artifacts: Path, mutant: str, stock: str) -> dict:
                 continue
             ran += 1
             if flow["outcome"] in FAILURES and not flow.get("known") and record["digest"] in passed_stock:
-                return {"ran": ran, "killed": True, "property": record["property"], "outcome": flow["outcome"],
-                        "message": flow["message"].splitlines()[0][:240]}
+                return {
+                    "ran": ran,
+                    "killed": True,
+                    "property": record["property"],
+                    "outcome": flow["outcome"],
+                    "message": flow["message"].splitlines()[0][:240],
+                }
     return {"ran": ran, "killed": False}
 
 
@@ -59,15 +81,32 @@ def main() -> None:
     parser.add_argument("--minutes", type=float, default=8.0, help="the campaign's budget (default: 8)")
     parser.add_argument("--artifacts", default="artifacts-structural-mutants")
     parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--properties", default="differential",
-                        help="pytest -k expression (default: the differential properties, which run the "
-                             "stock flow and the mutant on the same program)")
+    parser.add_argument(
+        "--properties",
+        default="differential",
+        help="pytest -k expression (default: the differential properties, which run the "
+        "stock flow and the mutant on the same program)",
+    )
     args = parser.parse_args()
     chosen = mutants()
     stock = sorted(set(chosen.values()))
-    command = [sys.executable, "-m", "etprop.commands.cli", "fuzz", "--flow-module", str(FLOWS_FILE),
-               "--flows", ",".join(stock + sorted(chosen)), "--minutes", str(args.minutes),
-               "--artifacts", args.artifacts, "--no-shrink", "--properties", args.properties]
+    command = [
+        sys.executable,
+        "-m",
+        "etprop.commands.cli",
+        "fuzz",
+        "--flow-module",
+        str(FLOWS_FILE),
+        "--flows",
+        ",".join(stock + sorted(chosen)),
+        "--minutes",
+        str(args.minutes),
+        "--artifacts",
+        args.artifacts,
+        "--no-shrink",
+        "--properties",
+        args.properties,
+    ]
     if args.workers:
         command += ["--workers", str(args.workers)]
     started = time.time()

@@ -70,23 +70,27 @@ def _partitioner_class():
 
         def __init__(self, *, multifunction: bool = False, **kwargs) -> None:
             if multifunction and kwargs.get("input_enumerations"):
-                raise ValueError("CoreAIPartitioner(multifunction=True) cannot be combined with "
-                                 "input_enumerations: a multifunction bundle has no per-function "
-                                 "shape configuration; lower without multifunction instead")
+                raise ValueError(
+                    "CoreAIPartitioner(multifunction=True) cannot be combined with "
+                    "input_enumerations: a multifunction bundle has no per-function "
+                    "shape configuration; lower without multifunction instead"
+                )
             super().__init__(**kwargs)
             self.multifunction = multifunction
             if multifunction:
-                self._base_compile_specs = list(self._base_compile_specs) + [
-                    CompileSpec(MULTIFUNCTION_KEY, b"1")]
-                self.delegation_spec = DelegationSpec(backend_id=self.delegation_spec.backend_id,
-                                                      compile_specs=self._base_compile_specs)
+                self._base_compile_specs = list(self._base_compile_specs) + [CompileSpec(MULTIFUNCTION_KEY, b"1")]
+                self.delegation_spec = DelegationSpec(
+                    backend_id=self.delegation_spec.backend_id, compile_specs=self._base_compile_specs
+                )
 
         def partition(self, exported_program):
             # Without the add-on, stock preprocess would ignore the flag and
             # quietly emit one bundle per delegate.
             if self.multifunction and not multifunction_installed():
-                raise RuntimeError("CoreAIPartitioner(multifunction=True) needs the multifunction "
-                                   "preprocess: lower inside `with install_multifunction():`")
+                raise RuntimeError(
+                    "CoreAIPartitioner(multifunction=True) needs the multifunction "
+                    "preprocess: lower inside `with install_multifunction():`"
+                )
             return super().partition(exported_program)
 
     return CoreAIMultifunctionPartitioner
@@ -129,29 +133,36 @@ class _OneFunction:
 
 def _io_names(program, function: str) -> tuple[list[str], list[str]]:
     graph = program.get_graph(function)
-    return ([attr["coreai.name"].value for attr in graph.arg_attrs],
-            [attr["coreai.name"].value for attr in graph.res_attrs])
+    return (
+        [attr["coreai.name"].value for attr in graph.arg_attrs],
+        [attr["coreai.name"].value for attr in graph.res_attrs],
+    )
 
 
 def _check_uniform(compile_specs: dict) -> list:
     """All partitions flagged, with one compile spec set; returns that set."""
-    flagged = {(method, i): _is_flagged(specs)
-               for method, per_method in compile_specs.items() for i, specs in enumerate(per_method)}
+    flagged = {
+        (method, i): _is_flagged(specs)
+        for method, per_method in compile_specs.items()
+        for i, specs in enumerate(per_method)
+    }
     if not all(flagged.values()):
         plain = sorted({method for (method, _), on in flagged.items() if not on})
         multi = sorted({method for (method, _), on in flagged.items() if on})
-        raise ValueError(f"Core AI multifunction is set for methods {multi} but not for {plain}: "
-                         "one bundle serves all methods, so give every method the same "
-                         "CoreAIPartitioner(multifunction=True)")
-    (first_key, reference), *_ = [((m, i), specs) for m, per in compile_specs.items()
-                                  for i, specs in enumerate(per)]
+        raise ValueError(
+            f"Core AI multifunction is set for methods {multi} but not for {plain}: "
+            "one bundle serves all methods, so give every method the same "
+            "CoreAIPartitioner(multifunction=True)"
+        )
+    (first_key, reference), *_ = [((m, i), specs) for m, per in compile_specs.items() for i, specs in enumerate(per)]
     for method, per_method in compile_specs.items():
         for i, specs in enumerate(per_method):
             if _spec_items(specs) != _spec_items(reference):
                 raise ValueError(
                     f"Core AI multifunction: partition {function_name(method, i)} has compile specs "
                     f"{_spec_items(specs)}, partition {function_name(*first_key)} has "
-                    f"{_spec_items(reference)}; one bundle takes one set of compile specs")
+                    f"{_spec_items(reference)}; one bundle takes one set of compile specs"
+                )
     from executorch.backends.apple.coreai.compiler.preprocess import COMPILE_SPEC_KEYS
 
     if any(spec.key == COMPILE_SPEC_KEYS.INPUT_ENUMERATIONS.value for spec in reference):
@@ -172,16 +183,14 @@ def preprocess_multifunction(edge_programs: dict, compile_specs: dict) -> dict:
     if stock._get_compile_spec(specs, stock.COMPILE_SPEC_KEYS.USES_SIDECAR) is not None:
         sidecar_dir = os.environ.get(stock.SIDECAR_DIR_ENV)
         if not sidecar_dir:
-            raise ValueError(f"sidecar asset delivery requires {stock.SIDECAR_DIR_ENV} "
-                             "(set it via coreai_sidecar_dir)")
+            raise ValueError(f"sidecar asset delivery requires {stock.SIDECAR_DIR_ENV} (set it via coreai_sidecar_dir)")
 
     converter = TorchConverter()
     functions = {}
     for method, programs in edge_programs.items():
         for index, edge_program in enumerate(programs):
             name = function_name(method, index)
-            converter.add_exported_program(stock._prepare_program_for_conversion(edge_program),
-                                           entrypoint_name=name)
+            converter.add_exported_program(stock._prepare_program_for_conversion(edge_program), entrypoint_name=name)
             functions[(method, index)] = name
     program = converter.to_coreai()
     for (method, index), name in functions.items():
@@ -191,18 +200,22 @@ def preprocess_multifunction(edge_programs: dict, compile_specs: dict) -> dict:
         if aot:
             opts = stock._aot_compile_options(specs)
             model_hash, staging = stock._compile_aot(program, opts, Path(tmp))
-            packaging = (stock.AssetPackaging.AOT_COMPILED_SIDECAR if sidecar_dir
-                         else stock.AssetPackaging.AOT_COMPILED_INLINE)
-            extra = {"platform": opts["platform"], "min_deployment_version": opts["min_deployment_version"],
-                     "archs": {arch: f"{model_hash}/{bundle.name}"
-                               for arch, bundle in stock._compiled_arch_bundles(staging)}}
+            packaging = (
+                stock.AssetPackaging.AOT_COMPILED_SIDECAR if sidecar_dir else stock.AssetPackaging.AOT_COMPILED_INLINE
+            )
+            extra = {
+                "platform": opts["platform"],
+                "min_deployment_version": opts["min_deployment_version"],
+                "archs": {
+                    arch: f"{model_hash}/{bundle.name}" for arch, bundle in stock._compiled_arch_bundles(staging)
+                },
+            }
         else:
             min_os = stock._min_os_version(specs)
             staging = Path(tmp)
             model_hash = stock._save_and_hash(program, staging / "model.aimodel", min_os)
             packaging = stock.AssetPackaging.SIDECAR if sidecar_dir else stock.AssetPackaging.INLINE
-            extra = {"path": f"{model_hash}/model.aimodel",
-                     "min_deployment_version": stock._os_version_text(min_os)}
+            extra = {"path": f"{model_hash}/model.aimodel", "min_deployment_version": stock._os_version_text(min_os)}
         shipped = stock._deliver(staging, model_hash, packaging, extra, sidecar_dir)
 
     manifest = json.loads(shipped.processed_bytes.decode("utf-8"))
@@ -215,8 +228,11 @@ def preprocess_multifunction(edge_programs: dict, compile_specs: dict) -> dict:
             binding = {**manifest, "function": name, "input_names": inputs, "output_names": outputs}
             # Every delegate carries the same store output: identical keys and
             # bytes merge into one entry, and each delegate stays self-contained.
-            results[method].append(PreprocessResult(processed_bytes=json.dumps(binding).encode("utf-8"),
-                                                    data_store_output=shipped.data_store_output))
+            results[method].append(
+                PreprocessResult(
+                    processed_bytes=json.dumps(binding).encode("utf-8"), data_store_output=shipped.data_store_output
+                )
+            )
     return results
 
 
@@ -232,8 +248,10 @@ def install_multifunction() -> Iterator[None]:
 
     with _install_lock:
         if multifunction_installed():
-            raise RuntimeError("Core AI multifunction is already installed; nested or concurrent "
-                               "install_multifunction() would restore the wrong method")
+            raise RuntimeError(
+                "Core AI multifunction is already installed; nested or concurrent "
+                "install_multifunction() would restore the wrong method"
+            )
         own = CoreAIBackend.__dict__.get("preprocess_multimethod")
         original = CoreAIBackend.preprocess_multimethod
 
@@ -292,7 +310,8 @@ def _compile_config():
 
 # Standalone repro scripts have no context hook: partitioners() installs the
 # add-on for the rest of the (short-lived) script.
-MULTIFUNCTION_RECIPE = """
+MULTIFUNCTION_RECIPE = (
+    """
 _hook = []
 
 
@@ -309,23 +328,27 @@ def partitioners():
         _hook[0].__enter__()
     return [CoreAIMultifunctionPartitioner(multifunction=True)]
 
-""" + COREAI_RECIPE_TAIL
+"""
+    + COREAI_RECIPE_TAIL
+)
 
 
-COREAI_MULTIFUNCTION = register(Flow(
-    name="coreai+multifunction",
-    description="Core AI with all methods' delegates as functions of one shared bundle "
-                "(CoreAIPartitioner(multifunction=True))",
-    partitioners=_partitioners,
-    transform_passes=_transform_passes,
-    compile_config=_compile_config,
-    context=_context,
-    runtime="coreai",
-    repro_recipe=MULTIFUNCTION_RECIPE,
-    requires=("coreai_torch", "coreai.runtime"),
-    install_hint="pip install 'etprop[coreai]'",
-    baseline="coreai",
-    # One bundle, one hash; within it MLIR uniques shared constants, but a
-    # weight a delegate copies or casts may still appear twice.
-    promises=Promises(shared_cache=True, weights_stored_once=False),
-))
+COREAI_MULTIFUNCTION = register(
+    Flow(
+        name="coreai+multifunction",
+        description="Core AI with all methods' delegates as functions of one shared bundle "
+        "(CoreAIPartitioner(multifunction=True))",
+        partitioners=_partitioners,
+        transform_passes=_transform_passes,
+        compile_config=_compile_config,
+        context=_context,
+        runtime="coreai",
+        repro_recipe=MULTIFUNCTION_RECIPE,
+        requires=("coreai_torch", "coreai.runtime"),
+        install_hint="pip install 'etprop[coreai]'",
+        baseline="coreai",
+        # One bundle, one hash; within it MLIR uniques shared constants, but a
+        # weight a delegate copies or casts may still appear twice.
+        promises=Promises(shared_cache=True, weights_stored_once=False),
+    )
+)

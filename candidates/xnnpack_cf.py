@@ -44,9 +44,9 @@ from etprop.flows.base import Flow, Promises
 from etprop.flows.stock import XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS
 
 # node.meta keys set by the partitioner and read by the installed lowering.
-ALIAS_KEY = "etprop_cf_alias"        # body placeholder -> top-level InputSpec it stands for
-EDGES_KEY = "etprop_cf_consumed"     # higher-order op -> operand positions whose weight is embedded
-SOURCE_KEY = "etprop_cf_source"      # top-level placeholder whose uses in bodies are embedded
+ALIAS_KEY = "etprop_cf_alias"  # body placeholder -> top-level InputSpec it stands for
+EDGES_KEY = "etprop_cf_consumed"  # higher-order op -> operand positions whose weight is embedded
+SOURCE_KEY = "etprop_cf_source"  # top-level placeholder whose uses in bodies are embedded
 
 _tags = itertools.count()
 
@@ -97,9 +97,13 @@ def _static_specs(ep) -> dict:
     sig = ep.graph_signature
     mutated = set(sig.buffers_to_mutate.values())
     kinds = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT_TENSOR)
-    return {spec.arg.name: spec for spec in sig.input_specs
-            if spec.kind in kinds and isinstance(spec.arg, TensorArgument)
-            and not (spec.kind == InputKind.BUFFER and spec.target in mutated)}
+    return {
+        spec.arg.name: spec
+        for spec in sig.input_specs
+        if spec.kind in kinds
+        and isinstance(spec.arg, TensorArgument)
+        and not (spec.kind == InputKind.BUFFER and spec.target in mutated)
+    }
 
 
 def _edges(gm) -> list[Edge]:
@@ -147,8 +151,11 @@ class _BodyView:
                 inputs.append(InputSpec(InputKind.USER_INPUT, TensorArgument(ph.name), None))
             else:
                 inputs.append(InputSpec(spec.kind, TensorArgument(ph.name), spec.target, spec.persistent))
-        outputs = [OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(a.name), None)
-                   for a in gm.graph.output_node().args[0] if hasattr(a, "name")]
+        outputs = [
+            OutputSpec(OutputKind.USER_OUTPUT, TensorArgument(a.name), None)
+            for a in gm.graph.output_node().args[0]
+            if hasattr(a, "name")
+        ]
         self.graph_module = gm
         self.graph = gm.graph
         self.graph_signature = ExportGraphSignature(inputs, outputs)
@@ -172,8 +179,14 @@ def _without_passthrough_clones(part: list) -> list:
     """
     members = set(part)
     while True:
-        drop = {n for n in members if _is_clone(n) and n.args[0] in members
-                and not set(n.users) & members and set(n.args[0].users) - members - {n}}
+        drop = {
+            n
+            for n in members
+            if _is_clone(n)
+            and n.args[0] in members
+            and not set(n.users) & members
+            and set(n.args[0].users) - members - {n}
+        }
         if not drop:
             return [n for n in part if n in members]
         members -= drop
@@ -183,10 +196,10 @@ def _without_passthrough_clones(part: list) -> list:
 class Plan:
     """Which body partitions to tag and which operand edges embed their weight."""
 
-    partitions: dict          # body graph module -> list of node lists
-    edges: list               # usable Edges
-    sources: set              # top-level placeholders consumed through edges
-    aliases: dict             # body placeholder -> top-level InputSpec
+    partitions: dict  # body graph module -> list of node lists
+    edges: list  # usable Edges
+    sources: set  # top-level placeholders consumed through edges
+    aliases: dict  # body placeholder -> top-level InputSpec
 
 
 def _bodies(gm) -> list:
@@ -233,8 +246,10 @@ def _plan(partitioner, ep, top_tagged=None) -> Plan:
         partitions = {}
         for gm in bodies:
             view = _BodyView(gm, {p: s for p, s in aliases.items() if p.graph is gm.graph}, ep)
-            partitions[gm] = [_without_passthrough_clones([n for n in p.nodes if n.op != "placeholder"])
-                              for p in partitioner.generate_partitions(view)]
+            partitions[gm] = [
+                _without_passthrough_clones([n for n in p.nodes if n.op != "placeholder"])
+                for p in partitioner.generate_partitions(view)
+            ]
         tagged = set(top_tagged)
         for parts in partitions.values():
             for part in parts:
@@ -284,8 +299,11 @@ def _partitioner_class():
             result = super().partition(exported_program)
             if not _installed:
                 return result
-            top_tagged = {n for n in exported_program.graph_module.graph.nodes
-                          if n.meta.get("delegation_tag") in result.partition_tags}
+            top_tagged = {
+                n
+                for n in exported_program.graph_module.graph.nodes
+                if n.meta.get("delegation_tag") in result.partition_tags
+            }
             plan = _plan(self, exported_program, top_tagged)
             for parts in plan.partitions.values():
                 for part in parts:
@@ -477,8 +495,9 @@ def install_control_flow_weights() -> Iterator[None]:
                 yield entry
                 yield from all_control_flow_submodules(entry[1])
 
-        def create_exported_program_from_submodule(submodule, owning_program, tag, call_module_node,
-                                                   is_submodule, *args, **kwargs):
+        def create_exported_program_from_submodule(
+            submodule, owning_program, tag, call_module_node, is_submodule, *args, **kwargs
+        ):
             result = create(submodule, owning_program, tag, call_module_node, is_submodule, *args, **kwargs)
             if is_submodule:
                 _embed_aliased_inputs(result[0], call_module_node, owning_program)
@@ -534,15 +553,18 @@ def _partitioners() -> list:
     return [ControlFlowXnnpackPartitioner()]
 
 
-XNNPACK_CF = register(Flow(
-    name="xnnpack+cf",
-    description="XNNPACK also inside cond/map/scan bodies; body weights embedded in the body's delegate",
-    partitioners=_partitioners,
-    context=install_control_flow_weights,
-    baseline="xnnpack",
-    repro_recipe=CF_RECIPE,
-    # Weights are embedded in delegates (content-keyed, so stored once), not
-    # passed as top-level constants at run time.
-    promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS | {"gemm_in_control_flow"},
-                      weights_stored_once=True),
-))
+XNNPACK_CF = register(
+    Flow(
+        name="xnnpack+cf",
+        description="XNNPACK also inside cond/map/scan bodies; body weights embedded in the body's delegate",
+        partitioners=_partitioners,
+        context=install_control_flow_weights,
+        baseline="xnnpack",
+        repro_recipe=CF_RECIPE,
+        # Weights are embedded in delegates (content-keyed, so stored once), not
+        # passed as top-level constants at run time.
+        promises=Promises(
+            delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS | {"gemm_in_control_flow"}, weights_stored_once=True
+        ),
+    )
+)

@@ -42,9 +42,16 @@ COMPUTATION_KEY = "etprop_fold"
 
 _tokens = itertools.count()
 _ALLOWED_NAMESPACES = ("aten", "prims", "dim_order_ops")
-_UNINITIALISED = frozenset({
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "empty_permuted",
-})
+_UNINITIALISED = frozenset(
+    {
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "empty_permuted",
+    }
+)
 
 
 def _overload(target: Any):
@@ -72,9 +79,15 @@ def _is_pure_call(node) -> bool:
         return False
     if op._schema.is_mutable or op.name().split("::")[-1].split(".")[0] in _UNINITIALISED:
         return False
-    banned = {torch.Tag.nondeterministic_seeded, torch.Tag.inplace, torch.Tag.inplace_view,
-              torch.Tag.out, torch.Tag.data_dependent_output, torch.Tag.dynamic_output_shape,
-              torch.Tag.maybe_aliasing_or_mutating}
+    banned = {
+        torch.Tag.nondeterministic_seeded,
+        torch.Tag.inplace,
+        torch.Tag.inplace_view,
+        torch.Tag.out,
+        torch.Tag.data_dependent_output,
+        torch.Tag.dynamic_output_shape,
+        torch.Tag.maybe_aliasing_or_mutating,
+    }
     return not banned.intersection(op.tags)
 
 
@@ -96,8 +109,7 @@ def _static_tensors(node) -> bool:
 
     val = node.meta.get("val")
     vals = val if isinstance(val, (tuple, list)) else (val,)
-    return bool(vals) and all(
-        isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape) for v in vals)
+    return bool(vals) and all(isinstance(v, torch.Tensor) and all(isinstance(d, int) for d in v.shape) for v in vals)
 
 
 def _nbytes(val) -> int:
@@ -241,8 +253,13 @@ def _config_classes() -> dict:
             # Only the top-level graph is partitioned: a GEMM in a control-flow
             # body is never delegated, so accepting it would only keep it from
             # being decomposed, and portable's linear rejects a 1-D input.
-            if (not _installed or idx is None or self._src_partition_depth or idx >= len(node.args)
-                    or node.graph is not ep.graph_module.graph):
+            if (
+                not _installed
+                or idx is None
+                or self._src_partition_depth
+                or idx >= len(node.args)
+                or node.graph is not ep.graph_module.graph
+            ):
                 return None
             operand = node.args[idx]
             if operand is None or is_param_node(ep, operand) or not _exact_call(node):
@@ -302,8 +319,12 @@ def _config_classes() -> dict:
     class FoldMMConfig(ComputedOperandMixin, SourcePartitionGuard, MMConfig):
         pass
 
-    return {LinearConfig: FoldLinearConfig, ConvolutionConfig: FoldConvolutionConfig,
-            AddmmConfig: FoldAddmmConfig, MMConfig: FoldMMConfig}
+    return {
+        LinearConfig: FoldLinearConfig,
+        ConvolutionConfig: FoldConvolutionConfig,
+        AddmmConfig: FoldAddmmConfig,
+        MMConfig: FoldMMConfig,
+    }
 
 
 @functools.cache
@@ -363,11 +384,15 @@ def _replace_with_parameter(ep, gemm, nodes, value) -> None:
     sig = ep.graph_signature
     specs = {spec.arg.name: spec for spec in sig.input_specs}
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
-    after_params = [p for p in placeholders
-                    if specs.get(p.name) is None or specs[p.name].kind != InputKind.PARAMETER]
+    after_params = [p for p in placeholders if specs.get(p.name) is None or specs[p.name].kind != InputKind.PARAMETER]
     anchor = after_params[0] if after_params else None
-    inserting = graph.inserting_before(anchor) if anchor is not None else \
-        graph.inserting_after(placeholders[-1]) if placeholders else graph.inserting_before(None)
+    inserting = (
+        graph.inserting_before(anchor)
+        if anchor is not None
+        else graph.inserting_after(placeholders[-1])
+        if placeholders
+        else graph.inserting_before(None)
+    )
     target = _unique_target(ep, f"{root.name}_folded")
     with inserting:
         param = graph.placeholder(target.replace(".", "_"))
@@ -375,8 +400,9 @@ def _replace_with_parameter(ep, gemm, nodes, value) -> None:
     if "tensor_meta" in root.meta:
         param.meta["tensor_meta"] = root.meta["tensor_meta"]
     gemm.replace_input_with(root, param)
-    specs[param.name] = InputSpec(kind=InputKind.PARAMETER, arg=TensorArgument(name=param.name),
-                                  target=target, persistent=None)
+    specs[param.name] = InputSpec(
+        kind=InputKind.PARAMETER, arg=TensorArgument(name=param.name), target=target, persistent=None
+    )
     for node in reversed(nodes):
         if node.op == "placeholder":
             spec = specs.pop(node.name)
@@ -402,8 +428,9 @@ def fold_tagged_computations(ep) -> int:
         for idx, token in sorted(gemm.meta[GEMM_KEY].items()):
             if idx >= len(gemm.args):
                 continue
-            nodes = _computation(ep, gemm, gemm.args[idx],
-                                 member=lambda n, t=token: t in n.meta.get(COMPUTATION_KEY, ()))
+            nodes = _computation(
+                ep, gemm, gemm.args[idx], member=lambda n, t=token: t in n.meta.get(COMPUTATION_KEY, ())
+            )
             if not nodes:
                 continue
             value = _evaluate(ep, nodes)
@@ -502,15 +529,17 @@ def _context():
     return contextlib.nullcontext() if upstream_has_fold() else install_fold()
 
 
-XNNPACK_FOLD = register(Flow(
-    name="xnnpack+fold",
-    description="XNNPACK with GEMM weights/biases computed from parameters folded into the delegate",
-    partitioners=_partitioners,
-    context=_context,
-    baseline="xnnpack",
-    repro_recipe=FOLD_RECIPE,
-    # Not "gemm_computed_weight": oracles.coverage counts every weight computed
-    # from constants, and this flow refuses some by design (low-rank products,
-    # shared computations, sources used elsewhere, mutated buffers).
-    promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS),
-))
+XNNPACK_FOLD = register(
+    Flow(
+        name="xnnpack+fold",
+        description="XNNPACK with GEMM weights/biases computed from parameters folded into the delegate",
+        partitioners=_partitioners,
+        context=_context,
+        baseline="xnnpack",
+        repro_recipe=FOLD_RECIPE,
+        # Not "gemm_computed_weight": oracles.coverage counts every weight computed
+        # from constants, and this flow refuses some by design (low-rank products,
+        # shared computations, sources used elsewhere, mutated buffers).
+        promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS),
+    )
+)

@@ -10,10 +10,12 @@ def partitioners():
     return [XnnpackPartitioner()]
 
 
-register(Flow(
-    name="my-xnnpack",
-    description="XNNPACK with my partitioner change",
-    partitioners=partitioners,
-    baseline="xnnpack",
-    promises=Promises(delegates=frozenset({"gemm_static_weight"})),
-))
+register(
+    Flow(
+        name="my-xnnpack",
+        description="XNNPACK with my partitioner change",
+        partitioners=partitioners,
+        baseline="xnnpack",
+        promises=Promises(delegates=frozenset({"gemm_static_weight"})),
+    )
+)

@@ -75,8 +75,7 @@ def get(name: str) -> Flow:
     except KeyError:
         known = ", ".join(sorted(_REGISTRY)) or "(none)"
         raise UsageError(
-            f"unknown flow '{name}'; known flows: {known}. "
-            "Register your own with --flow-module FILE.py"
+            f"unknown flow '{name}'; known flows: {known}. Register your own with --flow-module FILE.py"
         ) from None
 
 
@@ -93,5 +92,4 @@ def available_flows() -> list[Flow]:
     return [f for f in all_flows() if f.available]
 
 
-__all__ = ["Flow", "Promises", "register", "get", "get_available", "all_flows",
-           "available_flows", "load_flow_module"]
+__all__ = ["Flow", "Promises", "register", "get", "get_available", "all_flows", "available_flows", "load_flow_module"]

@@ -15,7 +15,6 @@ import importlib.util
 from dataclasses import dataclass, field
 from typing import Any, Callable, ContextManager, Optional
 
-
 NO_PARTITIONER_RECIPE = """
 def partitioners():
     return []

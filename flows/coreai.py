@@ -14,7 +14,6 @@ from __future__ import annotations
 from etprop.flows import register
 from etprop.flows.base import Flow, Promises
 
-
 # Repro-script recipe: the stock partitioner, then what every Core AI flow's
 # script shares (candidates/coreai_multifunction.py reuses the tail).
 COREAI_RECIPE_TAIL = """
@@ -39,13 +38,16 @@ def make_runner(pte, program):
     return lambda name, args: runner.run(name, list(args))
 """
 
-COREAI_RECIPE = """
+COREAI_RECIPE = (
+    """
 def partitioners():
     from executorch.backends.apple.coreai import CoreAIPartitioner
 
     return [CoreAIPartitioner()]
 
-""" + COREAI_RECIPE_TAIL
+"""
+    + COREAI_RECIPE_TAIL
+)
 
 
 def _partitioners() -> list:
@@ -66,20 +68,22 @@ def _compile_config():
     return get_default_compile_config()
 
 
-COREAI = register(Flow(
-    name="coreai",
-    description="Stock CoreAIPartitioner with the backend's default passes and compile config "
-                "(executorch 1.5.1, coreai-torch 0.4.2); delegates run on coreai-core's Linux runtime",
-    partitioners=_partitioners,
-    transform_passes=_transform_passes,
-    compile_config=_compile_config,
-    runtime="coreai",
-    repro_recipe=COREAI_RECIPE,
-    # coreai_torch converts at lowering time; coreai (coreai-core) runs the bundles.
-    requires=("coreai_torch", "coreai.runtime"),
-    install_hint="pip install 'etprop[coreai]'",
-    baseline="portable",
-    # Each delegate embeds its own bundle with its weights as constants, so
-    # methods sharing weights do not share a payload or a cache key.
-    promises=Promises(shared_cache=False, weights_stored_once=False),
-))
+COREAI = register(
+    Flow(
+        name="coreai",
+        description="Stock CoreAIPartitioner with the backend's default passes and compile config "
+        "(executorch 1.5.1, coreai-torch 0.4.2); delegates run on coreai-core's Linux runtime",
+        partitioners=_partitioners,
+        transform_passes=_transform_passes,
+        compile_config=_compile_config,
+        runtime="coreai",
+        repro_recipe=COREAI_RECIPE,
+        # coreai_torch converts at lowering time; coreai (coreai-core) runs the bundles.
+        requires=("coreai_torch", "coreai.runtime"),
+        install_hint="pip install 'etprop[coreai]'",
+        baseline="portable",
+        # Each delegate embeds its own bundle with its weights as constants, so
+        # methods sharing weights do not share a payload or a cache key.
+        promises=Promises(shared_cache=False, weights_stored_once=False),
+    )
+)

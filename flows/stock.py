@@ -31,16 +31,20 @@ def _xnnpack_partitioners() -> list:
     return [XnnpackPartitioner()]
 
 
-PORTABLE = register(Flow(
-    name="portable",
-    description="No partitioner: every op on ExecuTorch's portable kernels (the reference lowering)",
-))
+PORTABLE = register(
+    Flow(
+        name="portable",
+        description="No partitioner: every op on ExecuTorch's portable kernels (the reference lowering)",
+    )
+)
 
-XNNPACK = register(Flow(
-    name="xnnpack",
-    description="Stock XnnpackPartitioner from executorch 1.5.1",
-    partitioners=_xnnpack_partitioners,
-    baseline="portable",
-    repro_recipe=XNNPACK_RECIPE,
-    promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS),
-))
+XNNPACK = register(
+    Flow(
+        name="xnnpack",
+        description="Stock XnnpackPartitioner from executorch 1.5.1",
+        partitioners=_xnnpack_partitioners,
+        baseline="portable",
+        repro_recipe=XNNPACK_RECIPE,
+        promises=Promises(delegates=XNNPACK_GEMMS_WITH_PARAMETER_WEIGHTS),
+    )
+)

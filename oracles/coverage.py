@@ -28,8 +28,8 @@ from collections import Counter
 
 import torch.fx
 
-from etprop.oracles import Verdict
 from etprop.lowering.partition_facts import graph_modules
+from etprop.oracles import Verdict
 
 NAME = "delegation coverage"
 _IGNORED = {"getitem", "executorch_call_delegate", "alloc", "_assert_tensor_metadata"}
@@ -37,8 +37,21 @@ _IGNORED = {"getitem", "executorch_call_delegate", "alloc", "_assert_tensor_meta
 GEMM_WEIGHT_ARG = {"convolution": 1, "linear": 1, "addmm": 2, "mm": 1}
 # GEMM op → index of its bias argument (when it has one).
 GEMM_BIAS_ARG = {"convolution": 2, "linear": 2, "addmm": 0}
-_VIEWS = {"permute_copy", "permute", "t_copy", "t", "view_copy", "view", "reshape", "transpose",
-          "expand_copy", "unsqueeze_copy", "squeeze_copy", "_to_copy", "clone"}
+_VIEWS = {
+    "permute_copy",
+    "permute",
+    "t_copy",
+    "t",
+    "view_copy",
+    "view",
+    "reshape",
+    "transpose",
+    "expand_copy",
+    "unsqueeze_copy",
+    "squeeze_copy",
+    "_to_copy",
+    "clone",
+}
 
 
 def op_name(node) -> str:
@@ -62,10 +75,13 @@ def portable_ops(lowering) -> Counter:
 
 def delegate_calls(lowering) -> int:
     """Delegate calls across all methods, control-flow submodules included."""
-    return sum(1 for method in lowering.built.methods
-               for _, gm in graph_modules(lowering.edge.exported_program(method).graph_module)
-               for node in gm.graph.nodes
-               if node.op == "call_function" and op_name(node) == "executorch_call_delegate")
+    return sum(
+        1
+        for method in lowering.built.methods
+        for _, gm in graph_modules(lowering.edge.exported_program(method).graph_module)
+        for node in gm.graph.nodes
+        if node.op == "call_function" and op_name(node) == "executorch_call_delegate"
+    )
 
 
 # Matrix products count as one kind when comparing two lowerings: a flow that
@@ -85,8 +101,11 @@ def grouped(counts: Counter) -> Counter:
 
 def _static_inputs(program) -> set[str]:
     signature = program.graph_signature
-    return (set(signature.inputs_to_parameters) | set(signature.inputs_to_buffers)
-            | set(signature.inputs_to_lifted_tensor_constants))
+    return (
+        set(signature.inputs_to_parameters)
+        | set(signature.inputs_to_buffers)
+        | set(signature.inputs_to_lifted_tensor_constants)
+    )
 
 
 _DEQUANTIZE = {"dequantize_per_tensor", "dequantize_per_channel"}
@@ -152,16 +171,22 @@ def _body_graphs(graph_module, static: set[str], prefix: str):
         bodies, operands, start = layout
         for index, body in enumerate(bodies):
             placeholders = [n for n in body.graph.nodes if n.op == "placeholder"]
-            inner = {ph.name for i, (ph, operand) in enumerate(zip(placeholders, operands))
-                     if i >= start and isinstance(operand, torch.fx.Node)
-                     and operand.op == "placeholder" and operand.name in static}
+            inner = {
+                ph.name
+                for i, (ph, operand) in enumerate(zip(placeholders, operands))
+                if i >= start
+                and isinstance(operand, torch.fx.Node)
+                and operand.op == "placeholder"
+                and operand.name in static
+            }
             path = f"{prefix}/{node.name}[{index}]"
             yield path, body.graph, inner
             yield from _body_graphs(body, inner, path)
 
 
-def undelegated_gemms(lowering, in_control_flow: bool = False, dtypes=None,
-                      weight_only: bool = False) -> list[tuple[str, str, str, str]]:
+def undelegated_gemms(
+    lowering, in_control_flow: bool = False, dtypes=None, weight_only: bool = False
+) -> list[tuple[str, str, str, str]]:
     """(method, node, op, weight kind) for GEMMs with non-dynamic weights left on portable.
 
     With ``in_control_flow``, GEMMs in cond/map/scan bodies count too: a body
@@ -169,8 +194,10 @@ def undelegated_gemms(lowering, in_control_flow: bool = False, dtypes=None,
     ``dtypes``, only GEMMs producing one of those dtypes count. The kind is
     the least static of weight and bias, or with ``weight_only`` the weight's.
     """
-    return [(where, node.name, name, kind)
-            for where, node, name, kind in _undelegated_nodes(lowering, in_control_flow, dtypes, weight_only)]
+    return [
+        (where, node.name, name, kind)
+        for where, node, name, kind in _undelegated_nodes(lowering, in_control_flow, dtypes, weight_only)
+    ]
 
 
 def _undelegated_nodes(lowering, in_control_flow: bool, dtypes, weight_only: bool):
@@ -179,8 +206,10 @@ def _undelegated_nodes(lowering, in_control_flow: bool, dtypes, weight_only: boo
         static = _static_inputs(program)
         graphs = [(method, program.graph_module.graph, static)]
         if in_control_flow:
-            graphs += [(f"{method}{path}", graph, inner)
-                       for path, graph, inner in _body_graphs(program.graph_module, static, "")]
+            graphs += [
+                (f"{method}{path}", graph, inner)
+                for path, graph, inner in _body_graphs(program.graph_module, static, "")
+            ]
         for where, graph, names in graphs:
             for node, name, kind in _undelegated_in(graph, names, dtypes, weight_only):
                 yield where, node, name, kind
@@ -205,8 +234,13 @@ def _undelegated_in(graph, static: set[str], dtypes=None, weight_only: bool = Fa
             continue  # transposed convolutions are not claimed
         kind = _source_kind(node.args[index], static)
         bias = GEMM_BIAS_ARG.get(name)
-        if (not weight_only and kind in ("static", "quantized") and bias is not None and len(node.args) > bias
-                and isinstance(node.args[bias], torch.fx.Node)):
+        if (
+            not weight_only
+            and kind in ("static", "quantized")
+            and bias is not None
+            and len(node.args) > bias
+            and isinstance(node.args[bias], torch.fx.Node)
+        ):
             # A GEMM is as static as its least static parameter: stock XNNPACK
             # packs weight and bias together and declines a computed bias,
             # a quantized weight's float bias (dynamic quantization) included.
@@ -232,15 +266,22 @@ def check(lowering, lowerings=None) -> Verdict:
         listed = ", ".join(f"{method}/{node} ({op}, {kind} weight)" for method, node, op, kind in missed[:10])
         if any(kind == "quantized" for *_, kind in missed):
             listed += "; a quantized GEMM outside a delegate means its Q/DQ pattern was not fused"
-        return Verdict.failed(NAME, f"{len(missed)} GEMM(s) that {lowering.flow.name} promises to delegate "
-                                    f"run on portable kernels: {listed}", missed=missed, portable=dict(ops))
+        return Verdict.failed(
+            NAME,
+            f"{len(missed)} GEMM(s) that {lowering.flow.name} promises to delegate run on portable kernels: {listed}",
+            missed=missed,
+            portable=dict(ops),
+        )
     patterns = quantized_patterns(lowering)
     note = ""
     if patterns:
-        listed = ", ".join(f"{pattern} {delegated} of {total}" for pattern, (delegated, total) in sorted(patterns.items()))
+        listed = ", ".join(
+            f"{pattern} {delegated} of {total}" for pattern, (delegated, total) in sorted(patterns.items())
+        )
         note = f"; GEMMs with a quantized weight inside a delegate: {listed}"
-    return Verdict.passed(NAME, f"{sum(ops.values())} ops outside delegates{note}", portable=dict(ops),
-                          quantized_patterns=patterns)
+    return Verdict.passed(
+        NAME, f"{sum(ops.values())} ops outside delegates{note}", portable=dict(ops), quantized_patterns=patterns
+    )
 
 
 # The claimed GEMMs as torch.export writes them (before edge decompositions).
@@ -263,12 +304,16 @@ def quantized_gemms(lowering) -> Counter:
     for method, program in lowering.exported.items():
         static = _static_inputs(program)
         graphs = [(program.graph_module.graph, static)] + [
-            (graph, inner) for _, graph, inner in _body_graphs(program.graph_module, static, "")]
+            (graph, inner) for _, graph, inner in _body_graphs(program.graph_module, static, "")
+        ]
         for graph, names in graphs:
             for node in graph.nodes:
                 index = _EXPORTED_GEMMS.get(op_name(node)) if node.op == "call_function" else None
-                if index is not None and len(node.args) > index and \
-                        _source_kind(node.args[index], names) == "quantized":
+                if (
+                    index is not None
+                    and len(node.args) > index
+                    and _source_kind(node.args[index], names) == "quantized"
+                ):
                     counts[_gemm_pattern(op_name(node), node, index)] += 1
     return counts
 

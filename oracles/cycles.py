@@ -23,11 +23,13 @@ def check(lowering, lowerings=None) -> Verdict:
     for record in lowering.partitions:
         for tag in record["not_convex"]:
             nodes = record["partitions"][tag]
-            problems.append(f"partition {tag} in {record['graph']} is not convex (a path leaves it and "
-                            f"comes back): {nodes[:8]}")
+            problems.append(
+                f"partition {tag} in {record['graph']} is not convex (a path leaves it and comes back): {nodes[:8]}"
+            )
         if record["cycle"]:
-            problems.append(f"contracting the partitions of {record['graph']} leaves a cycle through "
-                            f"{record['cycle'][:8]}")
+            problems.append(
+                f"contracting the partitions of {record['graph']} leaves a cycle through {record['cycle'][:8]}"
+            )
     if lowering.edge is not None:
         for method in lowering.built.methods:
             for path, gm in graph_modules(lowering.edge.exported_program(method).graph_module):

@@ -67,8 +67,10 @@ def _clock_dependent_bytes(lowering) -> int:
         return 0
     from etprop.lowering.coreai_runtime import bundle_files, coreai_delegates
 
-    manifests = {m["hash"]: m for m in (json.loads(bytes(d.processed_bytes).decode())
-                                        for d in coreai_delegates(lowering.executorch).values())}
+    manifests = {
+        m["hash"]: m
+        for m in (json.loads(bytes(d.processed_bytes).decode()) for d in coreai_delegates(lowering.executorch).values())
+    }
     stamped = [m for m in manifests.values() if any(f.endswith("metadata.json") for f in m.get("files", []))]
     if len(stamped) < 2:
         # One bundle shares nothing with another: only its padding can move (no named data read).
@@ -97,15 +99,18 @@ def multifunction_excess(base, lowering) -> str | None:
     stock_bytes = sum(_bundle_bytes(files) for files in stock.values())
     repeated = 0
     for weight in program_weights(base.built):
-        holders = sum(1 for files in stock.values()
-                      if any(count_occurrences(data, weight.tensor) for data in files.values()))
+        holders = sum(
+            1 for files in stock.values() if any(count_occurrences(data, weight.tensor) for data in files.values())
+        )
         repeated += max(holders - 1, 0) * weight.tensor.numel() * weight.tensor.element_size()
     allowed = (stock_bytes - repeated) * (1 + MULTIFUNCTION_TOLERANCE)
     if candidate_bytes > allowed:
-        return (f"{lowering.flow.name} stores {len(shared)} bundle(s) of {candidate_bytes} bytes; the "
-                f"{len(stock)} stock bundles hold {stock_bytes} bytes of which {repeated} are weights "
-                f"repeated across methods, so at most {allowed:.0f} bytes were expected "
-                f"(+{MULTIFUNCTION_TOLERANCE:.0%})")
+        return (
+            f"{lowering.flow.name} stores {len(shared)} bundle(s) of {candidate_bytes} bytes; the "
+            f"{len(stock)} stock bundles hold {stock_bytes} bytes of which {repeated} are weights "
+            f"repeated across methods, so at most {allowed:.0f} bytes were expected "
+            f"(+{MULTIFUNCTION_TOLERANCE:.0%})"
+        )
     return None
 
 
@@ -114,10 +119,14 @@ def facts(lowering) -> dict:
     another Python environment sends these (etprop/commands/env_worker.py)."""
     from etprop.oracles import coverage
 
-    return {"flow": lowering.flow.name, "pte_bytes": len(lowering.pte),
-            "delegate_calls": coverage.delegate_calls(lowering),
-            "portable_ops": dict(coverage.grouped(coverage.portable_ops(lowering))),
-            "binding_bytes": _binding_bytes(lowering), "clock_bytes": _clock_dependent_bytes(lowering)}
+    return {
+        "flow": lowering.flow.name,
+        "pte_bytes": len(lowering.pte),
+        "delegate_calls": coverage.delegate_calls(lowering),
+        "portable_ops": dict(coverage.grouped(coverage.portable_ops(lowering))),
+        "binding_bytes": _binding_bytes(lowering),
+        "clock_bytes": _clock_dependent_bytes(lowering),
+    }
 
 
 def compare_facts(base: dict, candidate: dict) -> Verdict:
@@ -128,18 +137,25 @@ def compare_facts(base: dict, candidate: dict) -> Verdict:
     clock = base.get("clock_bytes", 0)
     allowed = SIZE_SLACK_BYTES + extra_delegates * DELEGATE_OVERHEAD_BYTES + max(bindings, 0) + clock
     if grown > allowed:
-        return Verdict.failed(NAME, f".pte grew: {candidate['flow']} {candidate['pte_bytes']} bytes vs "
-                                    f"{base['flow']} {base['pte_bytes']} bytes (+{grown}; allowed {allowed}: slack "
-                                    f"{SIZE_SLACK_BYTES} + {extra_delegates} more delegates x "
-                                    f"{DELEGATE_OVERHEAD_BYTES} + {max(bindings, 0)} bytes of manifest bindings + "
-                                    f"{clock} bytes of bundle metadata shared by the clock)",
-                              Outcome.VIOLATION, candidate_bytes=candidate["pte_bytes"],
-                              baseline_bytes=base["pte_bytes"])
+        return Verdict.failed(
+            NAME,
+            f".pte grew: {candidate['flow']} {candidate['pte_bytes']} bytes vs "
+            f"{base['flow']} {base['pte_bytes']} bytes (+{grown}; allowed {allowed}: slack "
+            f"{SIZE_SLACK_BYTES} + {extra_delegates} more delegates x "
+            f"{DELEGATE_OVERHEAD_BYTES} + {max(bindings, 0)} bytes of manifest bindings + "
+            f"{clock} bytes of bundle metadata shared by the clock)",
+            Outcome.VIOLATION,
+            candidate_bytes=candidate["pte_bytes"],
+            baseline_bytes=base["pte_bytes"],
+        )
     before, after = base["portable_ops"], candidate["portable_ops"]
     worse = {op: f"{before.get(op, 0)} -> {n}" for op, n in after.items() if n > before.get(op, 0)}
     if worse:
-        return Verdict.failed(NAME, f"{candidate['flow']} leaves more ops outside delegates than "
-                                    f"{base['flow']}: {worse}", Outcome.VIOLATION)
+        return Verdict.failed(
+            NAME,
+            f"{candidate['flow']} leaves more ops outside delegates than {base['flow']}: {worse}",
+            Outcome.VIOLATION,
+        )
     return Verdict.passed(NAME, f"{candidate['pte_bytes']} vs {base['pte_bytes']} bytes; coverage not worse")
 
 
@@ -151,8 +167,11 @@ def check(lowering, lowerings) -> Verdict:
     if not base.ok:
         return Verdict.passed(NAME, f"baseline {base.flow.name} did not lower ({base.outcome.value})")
     if not lowering.ok:
-        return Verdict.failed(NAME, f"{base.flow.name} lowers this program but {lowering.flow.name} "
-                                    f"fails: {lowering.error.splitlines()[0]}", lowering.outcome)
+        return Verdict.failed(
+            NAME,
+            f"{base.flow.name} lowers this program but {lowering.flow.name} fails: {lowering.error.splitlines()[0]}",
+            lowering.outcome,
+        )
     compared = compare_facts(facts(base), facts(lowering))
     if not compared.ok:
         return compared

@@ -11,9 +11,8 @@ from __future__ import annotations
 import torch
 
 from etprop.lowering import stages
+from etprop.oracles import Verdict, tolerance
 from etprop.program.builder import INPUT_KINDS_DEFAULT
-from etprop.oracles import Verdict
-from etprop.oracles import tolerance
 from etprop.verdicts.outcomes import Outcome
 
 NAME = "eager equivalence"
@@ -55,21 +54,32 @@ def _run_all(built, runner, kinds, runtime, sequence, observed: list) -> Verdict
     checked = unstable = 0
     for method, kind, inputs in cases(built, kinds, sequence):
         with stages.timed("torch"):
-            reference = built.reference(method, inputs, restore=not sequence,
-                                        ulps=tolerance.op_ulps(runtime, built.spec.get("dtype", "float32")))
+            reference = built.reference(
+                method,
+                inputs,
+                restore=not sequence,
+                ulps=tolerance.op_ulps(runtime, built.spec.get("dtype", "float32")),
+            )
         try:
             with stages.timed("executorch"):
                 actual = runner.run(method, inputs)
         except Exception as exc:
-            return Verdict.failed(NAME, f"method '{method}' failed on {kind} inputs: "
-                                        f"{type(exc).__name__}: {exc}", Outcome.RUN_ERROR)
+            return Verdict.failed(
+                NAME, f"method '{method}' failed on {kind} inputs: {type(exc).__name__}: {exc}", Outcome.RUN_ERROR
+            )
         observed.append((method, kind, [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in actual]))
         judgement = tolerance.judge(reference, actual, runtime)
         unstable += judgement.unstable
         if judgement.problem:
             where = f"call {checked + 1} of a stateful sequence, " if sequence else ""
-            return Verdict.failed(NAME, f"method '{method}', {where}{kind} inputs: {judgement.problem}",
-                                  Outcome.MISMATCH, method=method, inputs=kind, unstable=unstable)
+            return Verdict.failed(
+                NAME,
+                f"method '{method}', {where}{kind} inputs: {judgement.problem}",
+                Outcome.MISMATCH,
+                method=method,
+                inputs=kind,
+                unstable=unstable,
+            )
         checked += 1
     note = f" ({unstable} unstable elements, bounded by their jitter range)" if unstable else ""
     return Verdict.passed(NAME, f"{checked} (method, input) pairs match{note}", runs=checked, unstable=unstable)

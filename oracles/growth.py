@@ -135,15 +135,21 @@ def stored_constants(built) -> list[Weight]:
     """The program's plain tensor constants: stored by value like weights, so
     a weight's bytes found inside one (drawn from the same seed) are that
     constant's storage, not a copy of the weight."""
-    return [Weight(name, tensor.detach()) for name, tensor in tensor_constants(built.spec, built.module).items()
-            if tensor.dtype.is_floating_point and tensor.numel() * tensor.element_size() >= MIN_BYTES]
+    return [
+        Weight(name, tensor.detach())
+        for name, tensor in tensor_constants(built.spec, built.module).items()
+        if tensor.dtype.is_floating_point and tensor.numel() * tensor.element_size() >= MIN_BYTES
+    ]
 
 
 def _outside_others(blob: bytes, weight: Weight, found: dict, others: list[Weight]) -> dict:
     """``found`` without the occurrences that lie inside another tensor's stored bytes."""
     inside = inside_other_weights(blob, weight, others)
-    found = {order: len([at for at in _positions(blob, data) if at not in inside])
-             for order, data in _layouts(weight.tensor) if order in found}
+    found = {
+        order: len([at for at in _positions(blob, data) if at not in inside])
+        for order, data in _layouts(weight.tensor)
+        if order in found
+    }
     return {order: count for order, count in found.items() if count}
 
 
@@ -164,17 +170,20 @@ def check(lowering, lowerings=None) -> Verdict:
             total = sum(found.values())
         if total > weight.copies:
             layouts = ", ".join(f"{n}x as dims {order}" for order, n in found.items())
-            duplicates.append(f"{weight.name} {tuple(weight.tensor.shape)} "
-                              f"({weight.tensor.numel() * weight.tensor.element_size()} bytes) stored "
-                              f"{total} times: {layouts}")
+            duplicates.append(
+                f"{weight.name} {tuple(weight.tensor.shape)} "
+                f"({weight.tensor.numel() * weight.tensor.element_size()} bytes) stored "
+                f"{total} times: {layouts}"
+            )
     for weight in weights:
-        if weight.computed_from and placement[weight.name] \
-                and all(placement.get(source) for source in weight.computed_from) \
-                and _outside_others(blob, weight, placement[weight.name], others):
-            duplicates.append(f"{weight.name} is stored folded and so are all its sources "
-                              f"{list(weight.computed_from)}")
+        if (
+            weight.computed_from
+            and placement[weight.name]
+            and all(placement.get(source) for source in weight.computed_from)
+            and _outside_others(blob, weight, placement[weight.name], others)
+        ):
+            duplicates.append(f"{weight.name} is stored folded and so are all its sources {list(weight.computed_from)}")
     if duplicates:
         return Verdict.failed(NAME, "; ".join(duplicates), duplicates=duplicates)
     located = sum(1 for found in placement.values() if found)
-    return Verdict.passed(NAME, f"{len(weights)} weights, {located} located once, none twice "
-                                f"({len(blob)} bytes)")
+    return Verdict.passed(NAME, f"{len(weights)} weights, {located} located once, none twice ({len(blob)} bytes)")

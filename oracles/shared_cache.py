@@ -41,8 +41,9 @@ def _coreai_manifests(lowering) -> dict[str, dict]:
         return {}
     from etprop.lowering.coreai_runtime import coreai_delegates
 
-    return {key: json.loads(bytes(lm.processed_bytes).decode()) for key, lm in
-            coreai_delegates(lowering.executorch).items()}
+    return {
+        key: json.loads(bytes(lm.processed_bytes).decode()) for key, lm in coreai_delegates(lowering.executorch).items()
+    }
 
 
 def check(lowering, lowerings=None) -> Verdict:
@@ -60,19 +61,28 @@ def check(lowering, lowerings=None) -> Verdict:
     methods = {key.split("/")[0] for key in manifests}
     if lowering.flow.promises.shared_cache and len(methods) > 1:
         if len(hashes) != 1:
-            problems.append(f"Core AI delegates of methods {sorted(methods)} carry {len(hashes)} hashes "
-                            f"(cache keys) {hashes}, expected one")
+            problems.append(
+                f"Core AI delegates of methods {sorted(methods)} carry {len(hashes)} hashes "
+                f"(cache keys) {hashes}, expected one"
+            )
         if len(bundles) != 1:
             problems.append(f"named data holds {len(bundles)} Core AI bundles {bundles}, expected one")
         stripped = {key: {k: v for k, v in m.items() if k not in BINDING_FIELDS} for key, m in manifests.items()}
         reference_key = next(iter(stripped))
         for key, manifest in stripped.items():
             if manifest != stripped[reference_key]:
-                extra = sorted(k for k in set(manifest) | set(stripped[reference_key])
-                               if manifest.get(k) != stripped[reference_key].get(k))
+                extra = sorted(
+                    k
+                    for k in set(manifest) | set(stripped[reference_key])
+                    if manifest.get(k) != stripped[reference_key].get(k)
+                )
                 problems.append(f"manifest {key} differs from {reference_key} beyond the binding: {extra}")
     if problems:
         return Verdict.failed(NAME, "; ".join(problems), problems=problems)
-    return Verdict.passed(NAME, f"{len(lowering.built.methods)} methods, {len(by_content)} named payloads, "
-                                f"{len(manifests)} Core AI delegates, {len(hashes)} hashes, {len(bundles)} bundles",
-                          hashes=hashes, bundles=bundles)
+    return Verdict.passed(
+        NAME,
+        f"{len(lowering.built.methods)} methods, {len(by_content)} named payloads, "
+        f"{len(manifests)} Core AI delegates, {len(hashes)} hashes, {len(bundles)} bundles",
+        hashes=hashes,
+        bundles=bundles,
+    )

@@ -87,8 +87,8 @@ EDGE_RATIO = 2.0
 #   accumulate in float32): var over 396 terms was 6.6e-3 relative off
 #   float64 (13 float16 ulps) where eager is 4e-4 off; 8 ulps per var, moved
 #   SPREAD_FACTOR times in the directional runs, covers it.
-BFLOAT16_SUMS = 2.0 ** 16  # bfloat16 eps / float32 eps
-FLOAT16_SUMS = 2.0 ** 13
+BFLOAT16_SUMS = 2.0**16  # bfloat16 eps / float32 eps
+FLOAT16_SUMS = 2.0**13
 TRANSCENDENTAL_ULPS = 8.0
 TRANSCENDENTAL = ("tanh", "exp_bounded", "sigmoid", "silu", "gelu", "elu", "softplus", "softmax", "log_softmax")
 OP_ULPS: dict[tuple[str, str], dict[str, float]] = {
@@ -140,10 +140,15 @@ def op_ulps(runtime: str, dtype: str) -> dict[str, float]:
     the up and down runs move every value SPREAD_FACTOR times as far as the
     random ones (so they cross a rounding op's or a branch's boundary
     wherever a difference the bound allows would)."""
-    return {"directional": SPREAD_FACTOR, "tie_steps": TIE_STEPS, "dynamic_steps": DYNAMIC_STEPS,
-            "flip_steps": FLIP_STEPS,
-            "quantized_float_ops": QUANTIZED_FLOAT_ULPS, "random_runs": QUANTIZED_RANDOM_RUNS,
-            **OP_ULPS.get((runtime, dtype), {})}
+    return {
+        "directional": SPREAD_FACTOR,
+        "tie_steps": TIE_STEPS,
+        "dynamic_steps": DYNAMIC_STEPS,
+        "flip_steps": FLIP_STEPS,
+        "quantized_float_ops": QUANTIZED_FLOAT_ULPS,
+        "random_runs": QUANTIZED_RANDOM_RUNS,
+        **OP_ULPS.get((runtime, dtype), {}),
+    }
 
 
 @dataclass
@@ -166,12 +171,15 @@ def judge(reference, actual: list, runtime: str = "executorch") -> Judgement:
         if not isinstance(got, torch.Tensor):
             return Judgement(f"output {index} is {type(got).__name__}, eager gives a tensor", unstable)
         if got.shape != want.shape or got.dtype != want.dtype:
-            return Judgement(f"output {index}: {tuple(got.shape)} {got.dtype}, eager gives "
-                             f"{tuple(want.shape)} {want.dtype}", unstable)
+            return Judgement(
+                f"output {index}: {tuple(got.shape)} {got.dtype}, eager gives {tuple(want.shape)} {want.dtype}",
+                unstable,
+            )
         runs = [run[index] for run in reference.jittered]
         flips = [run[index] for run in getattr(reference, "flips", None) or []]
-        problem, count = _judge_output(want, got, reference.wide[index], runs, flips,
-                                       getattr(reference, "directional", 2))
+        problem, count = _judge_output(
+            want, got, reference.wide[index], runs, flips, getattr(reference, "directional", 2)
+        )
         unstable += count
         if problem:
             note = f"; {unstable} unstable elements" if unstable else ""
@@ -216,14 +224,20 @@ def bound(want, wide, runs, directional: int = 2, flips=()) -> Bound:
     zero = torch.zeros_like(y)
     deviations = [torch.where(finite_y & torch.isfinite(r), r - y, zero) for r in runs]
     spread = torch.stack([d.abs() for d in deviations]).amax(0) if runs else zero
-    scaled = torch.stack([d.abs() * (1.0 if i < directional else SPREAD_FACTOR)
-                          for i, d in enumerate(deviations)]).amax(0) \
-        if runs else zero
+    scaled = (
+        torch.stack([d.abs() * (1.0 if i < directional else SPREAD_FACTOR) for i, d in enumerate(deviations)]).amax(0)
+        if runs
+        else zero
+    )
     rounding = torch.where(finite_y & finite_64, (y - y64).abs(), zero)
     magnitude = torch.where(finite_y, y.abs(), zero)
     scale = float(magnitude.max()) if floating and magnitude.numel() else 0.0
-    allowed = (torch.maximum(scaled, SPREAD_FACTOR * rounding) + RELATIVE_FLOOR * eps * magnitude
-               + SCALE_FLOOR * FLOAT32_EPS * scale + ZERO_FLOOR * tiny)
+    allowed = (
+        torch.maximum(scaled, SPREAD_FACTOR * rounding)
+        + RELATIVE_FLOOR * eps * magnitude
+        + SCALE_FLOOR * FLOAT32_EPS * scale
+        + ZERO_FLOOR * tiny
+    )
     jumps = _jumps(y, deviations, eps) if floating else spread > 0
     # Where the value is not a smooth function of the rounding (a jump, noise
     # rectified by abs), the directional runs are one sample: widen them too.
@@ -245,8 +259,10 @@ def _judge_output(want, got, wide, runs, flips=(), directional: int = 2) -> tupl
     lost = compared & ~torch.isfinite(g)
     if bool(lost.any()):
         at = _first(lost)
-        return (f"{int(lost.sum())} / {want.numel()} elements are non-finite where eager and float64 are "
-                f"finite; first at {at}: eager {y[at]:.6g}, float64 {y64[at]:.6g}, got {g[at]}"), count
+        return (
+            f"{int(lost.sum())} / {want.numel()} elements are non-finite where eager and float64 are "
+            f"finite; first at {at}: eager {y[at]:.6g}, float64 {y64[at]:.6g}, got {g[at]}"
+        ), count
     eps = torch.finfo(want.dtype).eps if want.is_floating_point() else 0.0
     finite = y64[torch.isfinite(y64)]
     scale = float(finite.abs().max()) if finite.numel() else 0.0
@@ -256,8 +272,13 @@ def _judge_output(want, got, wide, runs, flips=(), directional: int = 2) -> tupl
     # Where eager is NaN, an intermediate overflowed to infinities of both
     # signs: what it gives depends on the order of the overflowing sums, so
     # no value in the program's dtype is wrong there.
-    far = edge & ~torch.isnan(y) & torch.isfinite(g) & torch.isfinite(y64) & (
-        (g - y64).abs() > (EDGE_RATIO - 1) * y64.abs() + eps * scale + tiny)
+    far = (
+        edge
+        & ~torch.isnan(y)
+        & torch.isfinite(g)
+        & torch.isfinite(y64)
+        & ((g - y64).abs() > (EDGE_RATIO - 1) * y64.abs() + eps * scale + tiny)
+    )
     if bool(far.any()):
         at = _first(far)
         return f"eager is at the edge of the range at {at} but got {g[at]:.6g}, float64 {y64[at]:.6g}", count
@@ -271,9 +292,11 @@ def _judge_output(want, got, wide, runs, flips=(), directional: int = 2) -> tupl
             bad, count = bad & ~flipped, count + int(flipped.sum())
     if bool(bad.any()):
         at = _first(excess == excess.max())
-        return (f"{int(bad.sum())} / {want.numel()} elements differ; worst at {at}: eager {y[at]:.6g}, "
-                f"got {g[at]:.6g}, allowed difference {allowed[at]:.3g} (jitter spread {limits.spread[at]:.3g}, "
-                f"float64 {y64[at]:.6g})"), count
+        return (
+            f"{int(bad.sum())} / {want.numel()} elements differ; worst at {at}: eager {y[at]:.6g}, "
+            f"got {g[at]:.6g}, allowed difference {allowed[at]:.3g} (jitter spread {limits.spread[at]:.3g}, "
+            f"float64 {y64[at]:.6g})"
+        ), count
     return None, count
 
 

@@ -1,6 +1,6 @@
 """The coverage corpus on every flow: programs chosen so that together they
 reach every (op, argument value, dtype) combination the generator draws
-(etprop/strategies/coverage_corpus.py), packed several to a lowering (in a
+(strategies/coverage_corpus.py), packed several to a lowering (in a
 campaign with the causes of the flow's recorded findings neutralized), each
 judged like a drawn program of its family. A campaign makes the corpus once (its
 ``coverage/``) and each round asks every flow for the next programs it has not
@@ -46,8 +46,9 @@ def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
     point of each packing class (coverage_corpus.packed). Both streams' items of one
     round share the packing (_programs_cached)."""
     campaign = record_only()
-    specs, _ = coverage.stored(artifacts / "coverage", coverage.POOL_PER_FAMILY if campaign else SMALL_POOL,
-                               targeted=campaign)
+    specs, _ = coverage.stored(
+        artifacts / "coverage", coverage.POOL_PER_FAMILY if campaign else SMALL_POOL, targeted=campaign
+    )
 
     def without_known_causes(spec):
         return known_findings.neutralized(spec, known_findings.causes_on(flow.name, spec))[0]
@@ -57,19 +58,34 @@ def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
     # Outside a campaign the corpus runs as drawn (what CI checks is the
     # property's machinery; attribution names any known cause).
     if campaign:
-        peers = [other.name for other in flows if coverage.pack_size_for(other.runtime) == size
-                 and (other.families is None or "coverage" in other.families)]
+        peers = [
+            other.name
+            for other in flows
+            if coverage.pack_size_for(other.runtime) == size
+            and (other.families is None or "coverage" in other.families)
+        ]
         findings = hashlib.sha256(known_findings.INDEX.read_bytes()).hexdigest()
-        programs = coverage.for_flow_stored(artifacts / "coverage", f"{flow.name}:{findings}", specs, size,
-                                            without_known_causes, peers.index(flow.name), len(peers))
+        programs = coverage.for_flow_stored(
+            artifacts / "coverage",
+            f"{flow.name}:{findings}",
+            specs,
+            size,
+            without_known_causes,
+            peers.index(flow.name),
+            len(peers),
+        )
     else:
         programs = coverage.packed(specs, size)
     programs = [program for program, _ in programs][index::count]
-    by_property = {prop: [program for program in programs if (len(program["methods"]) > 1) == (prop != "coverage")]
-                   for prop in SHARES}
+    by_property = {
+        prop: [program for program in programs if (len(program["methods"]) > 1) == (prop != "coverage")]
+        for prop in SHARES
+    }
     if not campaign:
-        by_property = {prop: [program for program in stream if not program.get("quantization")][:1]
-                       for prop, stream in by_property.items()}
+        by_property = {
+            prop: [program for program in stream if not program.get("quantization")][:1]
+            for prop, stream in by_property.items()
+        }
     return by_property
 
 
@@ -90,8 +106,9 @@ def _judge(prop: str, flow, etprop, request) -> None:
     """Judge this round's next ``per_round(prop)`` programs of the stream not
     yet judged in this campaign."""
     chosen = tuple(other.name for other in selected_flows(request.config))
-    programs = _programs_cached(flow.name, str(etprop.artifacts.root), chosen,
-                                os.environ.get("ETPROP_SHARD", "0/1"), record_only())[prop]
+    programs = _programs_cached(
+        flow.name, str(etprop.artifacts.root), chosen, os.environ.get("ETPROP_SHARD", "0/1"), record_only()
+    )[prop]
     wanted = per_round(prop)
     for program in programs:
         if wanted == 0:

@@ -21,8 +21,13 @@ from etprop.commands.pytest_plugin import share
 from etprop.oracles.sets import DIFFERENTIAL, DIFFERENTIAL_MULTI_METHOD, SINGLE_FLOW
 from etprop.program.quantize import SCHEMES
 from etprop.strategies.control_flow import control_flow_programs
-from etprop.strategies.programs import (computed_weight_programs, multi_method_programs, programs, quantized,
-                                        quantized_programs)
+from etprop.strategies.programs import (
+    computed_weight_programs,
+    multi_method_programs,
+    programs,
+    quantized,
+    quantized_programs,
+)
 
 XNNPACK_SHARE = 12
 
@@ -38,8 +43,11 @@ def test_quantized_programs(flow, spec, etprop):
 @share(XNNPACK_SHARE)
 @given(data=st.data())
 def test_differential_quantized(quantized_flow_group, scheme, data, etprop):
-    families = st.one_of(programs(min_nodes=4, max_nodes=24, gemm_heavy=True, dtype="float32"),
-                         computed_weight_programs(), control_flow_programs())
+    families = st.one_of(
+        programs(min_nodes=4, max_nodes=24, gemm_heavy=True, dtype="float32"),
+        computed_weight_programs(),
+        control_flow_programs(),
+    )
     spec = data.draw(quantized(families, (scheme,)), label="spec")
     etprop.check(spec, list(quantized_flow_group), "differential_quantized", DIFFERENTIAL)
 

@@ -56,13 +56,14 @@ def _body(draw, program: ProgramDraft, params: list[Value], result_shape, depth:
     draw_square_gemm(draw, graph) if draw(st.booleans()) else _unary("tanh")(draw, graph)
     drawers = SHAPE_PRESERVING + ([("nested", _nested(depth + 1))] if depth < 2 else [])
     draw_body(draw, graph, draw(st.integers(0, 4)), drawers)
-    last = [v for v in graph.values[len(params):] if v.shape == tuple(result_shape)]
+    last = [v for v in graph.values[len(params) :] if v.shape == tuple(result_shape)]
     return {"params": [p.name for p in params], "nodes": graph.nodes, "outputs": [last[-1].name]}
 
 
 def _nested(depth: int):
     def draw_nested(draw, g: GraphDraft):
         return add_control_flow(draw, g, depth)
+
     return draw_nested
 
 
@@ -75,12 +76,17 @@ def add_control_flow(draw, g: GraphDraft, depth: int = 0):
     node = {"id": program.fresh("v"), "op": kind}
     if kind == "cond":
         pred_source = g.pick(draw)
-        operands = [x] + ([o] if (o := g.pick(draw, lambda v: v.shape == x.shape and v.name != x.name))
-                          and draw(st.booleans()) else [])
+        operands = [x] + (
+            [o]
+            if (o := g.pick(draw, lambda v: v.shape == x.shape and v.name != x.name)) and draw(st.booleans())
+            else []
+        )
         params = [Value(program.fresh("a"), v.shape) for v in operands]
-        node.update(args=[pred_source.name] + [v.name for v in operands],
-                    attrs={"threshold": draw(st.sampled_from([0.0, 0.25, -0.25]))},
-                    bodies=[_body(draw, program, params, x.shape, depth) for _ in range(2)])
+        node.update(
+            args=[pred_source.name] + [v.name for v in operands],
+            attrs={"threshold": draw(st.sampled_from([0.0, 0.25, -0.25]))},
+            bodies=[_body(draw, program, params, x.shape, depth) for _ in range(2)],
+        )
         args, shape = [pred_source] + operands, x.shape
     elif kind == "map":
         params = [Value(program.fresh("a"), x.shape[1:])]
@@ -95,15 +101,22 @@ def add_control_flow(draw, g: GraphDraft, depth: int = 0):
         draw_body(draw, body_graph, draw(st.integers(0, 3)), SHAPE_PRESERVING)
         draw_square_gemm(draw, body_graph)
         last = [v for v in body_graph.values if v.shape == carry.shape][-1]
-        node.update(args=[init.name, x.name], attrs={"select": draw(st.sampled_from([0, 1]))},
-                    bodies=[{"params": [carry.name, item.name], "nodes": body_graph.nodes,
-                             "outputs": [last.name or mixed.name]}])
+        node.update(
+            args=[init.name, x.name],
+            attrs={"select": draw(st.sampled_from([0, 1]))},
+            bodies=[
+                {"params": [carry.name, item.name], "nodes": body_graph.nodes, "outputs": [last.name or mixed.name]}
+            ],
+        )
         args = [init, x]
         shape = x.shape[1:] if node["attrs"]["select"] == 0 else x.shape
     else:
         params = [Value(program.fresh("a"), x.shape)]
-        node.update(args=[x.name], attrs={"iterations": draw(st.integers(1, 3))},
-                    bodies=[_body(draw, program, params, x.shape, depth)])
+        node.update(
+            args=[x.name],
+            attrs={"iterations": draw(st.integers(1, 3))},
+            bodies=[_body(draw, program, params, x.shape, depth)],
+        )
         args, shape = [x], x.shape
     event(f"control flow: {kind}" + (" (nested)" if depth else ""))
     return g.add_node(node, args, tuple(shape))

@@ -25,12 +25,15 @@ PACK_SIZE_BY_RUNTIME = {"coreai": 3}
 def families() -> dict:
     """The program families, by name, as the properties draw them."""
     from etprop.strategies.control_flow import control_flow_programs
-    from etprop.strategies.programs import (computed_weight_programs, multi_method_programs, programs,
-                                            quantized_programs)
+    from etprop.strategies.programs import computed_weight_programs, multi_method_programs, programs, quantized_programs
 
-    return {"mixed": programs(min_nodes=6, max_nodes=32), "computed_weights": computed_weight_programs(),
-            "control_flow": control_flow_programs(), "multi_method": multi_method_programs(),
-            "quantized": quantized_programs()}
+    return {
+        "mixed": programs(min_nodes=6, max_nodes=32),
+        "computed_weights": computed_weight_programs(),
+        "control_flow": control_flow_programs(),
+        "multi_method": multi_method_programs(),
+        "quantized": quantized_programs(),
+    }
 
 
 def pool_strategies(targeted: bool = True) -> list:
@@ -44,8 +47,11 @@ def pool_strategies(targeted: bool = True) -> list:
     stay as they are."""
     from etprop.strategies.programs import programs
 
-    return list(families().values()) + [programs(min_nodes=6, max_nodes=32, dtype=dtype, twins=True)
-                                        for dtype in ("float32", "float16", "bfloat16") if targeted]
+    return list(families().values()) + [
+        programs(min_nodes=6, max_nodes=32, dtype=dtype, twins=True)
+        for dtype in ("float32", "float16", "bfloat16")
+        if targeted
+    ]
 
 
 def family_of(spec: dict) -> str:
@@ -90,8 +96,9 @@ def chosen(seed: int, pool_per_family: int = POOL_PER_FAMILY, targeted: bool = T
     return [specs[index] for index in picked], wanted
 
 
-def packed(specs: list[dict], pack_size: int, alone: list[dict] = (), position: int = 0,
-           peers: int = 1) -> list[tuple[dict, list[dict]]]:
+def packed(
+    specs: list[dict], pack_size: int, alone: list[dict] = (), position: int = 0, peers: int = 1
+) -> list[tuple[dict, list[dict]]]:
     """``specs`` as programs to run: (program, the specs it computes). Specs of
     one packing class go ``pack_size`` to a program, in their order; a spec
     that cannot share a method, and every spec of ``alone``, stays alone. The
@@ -119,11 +126,15 @@ def packed(specs: list[dict], pack_size: int, alone: list[dict] = (), position: 
         if packing is None:
             queues.append([(spec, [spec]) for spec in members])
         else:
-            queues.append([(coverage_space.pack(members[start:start + pack_size]), members[start:start + pack_size])
-                           for start in range(0, len(members), pack_size)])
+            queues.append(
+                [
+                    (coverage_space.pack(members[start : start + pack_size]), members[start : start + pack_size])
+                    for start in range(0, len(members), pack_size)
+                ]
+            )
     if alone:
         queues.append([(spec, [spec]) for spec in alone])
-    queues = [queue[len(queue) * position // peers:] + queue[:len(queue) * position // peers] for queue in queues]
+    queues = [queue[len(queue) * position // peers :] + queue[: len(queue) * position // peers] for queue in queues]
     return [queue[turn] for turn in range(max(map(len, queues), default=0)) for queue in queues if turn < len(queue)]
 
 
@@ -140,8 +151,9 @@ def _turn_order(packing) -> tuple:
     return (scheme is not None, rank, dtype, scheme or "")
 
 
-def for_flow(specs: list[dict], pack_size: int, without_known_causes, position: int = 0,
-             peers: int = 1) -> list[tuple[dict, list[dict]]]:
+def for_flow(
+    specs: list[dict], pack_size: int, without_known_causes, position: int = 0, peers: int = 1
+) -> list[tuple[dict, list[dict]]]:
     """The corpus as one flow, ``position`` of ``peers`` running the same
     packs (packed), runs it. A program holding the cause of a
     finding recorded for the flow fails on it, and in a pack one such part
@@ -172,8 +184,9 @@ def for_flow(specs: list[dict], pack_size: int, without_known_causes, position: 
     return packed(clean, pack_size, alone, position, peers)
 
 
-def for_flow_stored(folder, key: str, specs: list[dict], pack_size: int, without_known_causes, position: int = 0,
-                    peers: int = 1) -> list[tuple[dict, list[dict]]]:
+def for_flow_stored(
+    folder, key: str, specs: list[dict], pack_size: int, without_known_causes, position: int = 0, peers: int = 1
+) -> list[tuple[dict, list[dict]]]:
     """``for_flow``, kept in ``folder`` under ``key`` (what the packing depends
     on beyond the corpus: the flow, and the findings that neutralize its
     causes): every round of a campaign and every worker reads the packing the
@@ -224,8 +237,9 @@ def stored_path(folder, pool_per_family: int = POOL_PER_FAMILY, seed: int = 0, t
     return Path(folder) / f"corpus-{_fingerprint(pool_per_family, seed, targeted)}.json"
 
 
-def stored(folder, pool_per_family: int = POOL_PER_FAMILY, seed: int = 0,
-           targeted: bool = True) -> tuple[list[dict], set]:
+def stored(
+    folder, pool_per_family: int = POOL_PER_FAMILY, seed: int = 0, targeted: bool = True
+) -> tuple[list[dict], set]:
     """The corpus kept in ``folder`` (a campaign's ``coverage/``), made and
     stored there first when it is missing or was made by other drawing code:
     a campaign's rounds and workers all read the one its start made."""
@@ -241,7 +255,16 @@ def stored(folder, pool_per_family: int = POOL_PER_FAMILY, seed: int = 0,
     specs, wanted = chosen(seed, pool_per_family, targeted)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_suffix(f".{os.getpid()}.part")
-    partial.write_text(json.dumps({"seed": seed, "pool_per_family": pool_per_family, "targeted": targeted,
-                                   "programs": specs, "wanted": sorted(wanted)}))
+    partial.write_text(
+        json.dumps(
+            {
+                "seed": seed,
+                "pool_per_family": pool_per_family,
+                "targeted": targeted,
+                "programs": specs,
+                "wanted": sorted(wanted),
+            }
+        )
+    )
     partial.replace(path)
     return specs, wanted

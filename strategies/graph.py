@@ -75,8 +75,11 @@ class ProgramDraft:
         """Whether ``node`` reads state it never writes (a weight, a layer, a
         parameter, buffer or constant operand): what a twin copies."""
         entry = self.state.get(node.get("state"))
-        return bool(entry) and entry["kind"] in ("weight", "layer", "parameter", "buffer", "constant") \
+        return (
+            bool(entry)
+            and entry["kind"] in ("weight", "layer", "parameter", "buffer", "constant")
             and not entry.get("mutable")
+        )
 
     def fresh(self, prefix: str) -> str:
         return f"{prefix}{next(self.counter)}"
@@ -121,8 +124,9 @@ class GraphDraft:
             return None
         return tuple(out.shape)
 
-    def add(self, op: str, args: list[Value], attrs: Optional[dict] = None,
-            state: Optional[str] = None) -> Optional[Value]:
+    def add(
+        self, op: str, args: list[Value], attrs: Optional[dict] = None, state: Optional[str] = None
+    ) -> Optional[Value]:
         node = {"id": self.program.fresh("v"), "op": op, "args": [v.name for v in args]}
         if attrs:
             node["attrs"] = attrs

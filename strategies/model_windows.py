@@ -35,18 +35,23 @@ from etprop.program.spec import FORMAT
 aten = torch.ops.aten
 
 _FLOAT = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
-_IGNORED = {aten._assert_tensor_metadata.default, aten._assert_scalar.default, aten.sym_constrain_range_for_size.default}
+_IGNORED = {
+    aten._assert_tensor_metadata.default,
+    aten._assert_scalar.default,
+    aten.sym_constrain_range_for_size.default,
+}
 
 
 @dataclass
 class Piece:
     """One ATen node's translation: spec nodes whose ``args`` name values
     (``(fx_name, index)``) and whose state slots name state keys."""
+
     fx: str
     nodes: list[dict] = field(default_factory=list)
     outputs: dict[int, str] = field(default_factory=dict)  # tuple index -> local node id
     reads: list[tuple[str, int]] = field(default_factory=list)
-    state: dict[str, dict] = field(default_factory=dict)   # state key -> entry
+    state: dict[str, dict] = field(default_factory=dict)  # state key -> entry
 
     def add(self, op: str, args: list, attrs: dict | None = None, state: str | None = None) -> str:
         local = f"{self.fx}__{len(self.nodes)}"
@@ -65,12 +70,12 @@ class Piece:
 @dataclass
 class ModelGraph:
     name: str
-    pieces: dict[str, Piece]             # fx node name -> translation, in graph order
+    pieces: dict[str, Piece]  # fx node name -> translation, in graph order
     values: dict[tuple, "torch.Tensor"]  # (fx name, index) -> meta value of a float activation
-    users: dict[tuple, list[str]]        # value -> pieces reading it
+    users: dict[tuple, list[str]]  # value -> pieces reading it
     graph_outputs: set[tuple]
-    classes: Counter                     # class (or "not expressed: op") -> ATen node count
-    sources: dict[str, str]              # state key -> the exported placeholder it stands for
+    classes: Counter  # class (or "not expressed: op") -> ATen node count
+    sources: dict[str, str]  # state key -> the exported placeholder it stands for
 
 
 def _sanitize(name: str, limit: int = 60) -> str:
@@ -79,7 +84,7 @@ def _sanitize(name: str, limit: int = 60) -> str:
     part of a module path, and a hash of the whole."""
     name = re.sub(r"[^A-Za-z0-9_]", "_", name)
     if len(name) > limit:
-        name = f"{name[-(limit - 10):]}_{zlib.crc32(name.encode()):08x}"
+        name = f"{name[-(limit - 10) :]}_{zlib.crc32(name.encode()):08x}"
     return name if name[:1].isalpha() else f"s{name}"
 
 
@@ -115,12 +120,15 @@ class _Translator:
     def __init__(self, program: torch.export.ExportedProgram):
         self.graph = program.graph
         signature = program.graph_signature
-        self.params = {**signature.inputs_to_parameters, **signature.inputs_to_buffers,
-                       **signature.inputs_to_lifted_tensor_constants}
+        self.params = {
+            **signature.inputs_to_parameters,
+            **signature.inputs_to_buffers,
+            **signature.inputs_to_lifted_tensor_constants,
+        }
         self.param_only: set[str] = set(self.params)
         self.integer: set[str] = set()
         self.alias: dict[tuple, tuple] = {}
-        self.deferred: dict[str, tuple] = {}   # chunk/split/unbind node -> (source value, slicer)
+        self.deferred: dict[str, tuple] = {}  # chunk/split/unbind node -> (source value, slicer)
         self.pieces: dict[str, Piece] = {}
         self.values: dict[tuple, torch.Tensor] = {}
         self.classes: Counter = Counter()
@@ -254,6 +262,7 @@ class _Translator:
 
 # -- rules: (translator, piece, node, bound args) -> None | False | "alias" | "deferred"
 
+
 def _unary(op: str, **names):
     def rule(t, piece, node, a):
         attrs = {}
@@ -262,6 +271,7 @@ def _unary(op: str, **names):
             if value is not None:
                 attrs[attr] = value
         piece.add(op, [t.value(a["self"])], attrs)
+
     return rule
 
 
@@ -295,12 +305,14 @@ def _binary(op: str, commutative: bool):
             piece.add(op, [t.value(left)], attrs, state=t.state(piece, right, "parameter"))
         else:
             piece.add(op, [t.value(left), t.value(right)], attrs)
+
     return rule
 
 
 def _gemm_state(t, piece, weight, bias):
-    return t.state(piece, weight, "weight"), ({"bias_state": t.state(piece, bias, "weight", bias=True)}
-                                               if bias is not None else {})
+    return t.state(piece, weight, "weight"), (
+        {"bias_state": t.state(piece, bias, "weight", bias=True)} if bias is not None else {}
+    )
 
 
 def _linear(t, piece, node, a):
@@ -311,8 +323,11 @@ def _linear(t, piece, node, a):
 
 
 def _conv(dims: int, transposed: bool):
-    names = ("stride", "padding", "output_padding", "groups", "dilation") if transposed else (
-        "stride", "padding", "dilation", "groups")
+    names = (
+        ("stride", "padding", "output_padding", "groups", "dilation")
+        if transposed
+        else ("stride", "padding", "dilation", "groups")
+    )
     defaults = {"stride": 1, "padding": 0, "dilation": 1, "output_padding": 0, "groups": 1}
 
     def rule(t, piece, node, a):
@@ -328,6 +343,7 @@ def _conv(dims: int, transposed: bool):
                 attrs[name] = value
         op = f"conv_transpose{dims}d" if transposed else f"conv{dims}d"
         piece.add(op, [t.value(a["input"])], attrs, state=state)
+
     return rule
 
 
@@ -340,6 +356,7 @@ def _matmul(op: str):
             piece.add(op, [t.value(left)], state=t.state(piece, right, "weight"))
         else:
             piece.add(op, [t.value(left), t.value(right)])
+
     return rule
 
 
@@ -362,7 +379,11 @@ def _batch_norm(t, piece, node, a):
     if a["weight"] is None:
         kwargs["affine"] = False
     layer_type = "BatchNorm2d" if rank == 4 else "BatchNorm1d"
-    piece.add("layer", [t.value(x)], state=t.layer(piece, a["weight"] if a["weight"] is not None else a["running_mean"], layer_type, kwargs))
+    piece.add(
+        "layer",
+        [t.value(x)],
+        state=t.layer(piece, a["weight"] if a["weight"] is not None else a["running_mean"], layer_type, kwargs),
+    )
 
 
 def _native_batch_norm(t, piece, node, a):
@@ -377,8 +398,11 @@ def _layer_norm(t, piece, node, a):
         kwargs["elementwise_affine"] = False
     elif a["bias"] is None:
         kwargs["bias"] = False
-    piece.add("layer", [t.value(a["input"])],
-              state=t.layer(piece, a["weight"] if a["weight"] is not None else node.name, "LayerNorm", kwargs))
+    piece.add(
+        "layer",
+        [t.value(a["input"])],
+        state=t.layer(piece, a["weight"] if a["weight"] is not None else node.name, "LayerNorm", kwargs),
+    )
 
 
 def _group_norm(t, piece, node, a):
@@ -388,7 +412,11 @@ def _group_norm(t, piece, node, a):
         kwargs["eps"] = a["eps"]
     if a["weight"] is None:
         kwargs["affine"] = False
-    piece.add("layer", [t.value(x)], state=t.layer(piece, a["weight"] if a["weight"] is not None else node.name, "GroupNorm", kwargs))
+    piece.add(
+        "layer",
+        [t.value(x)],
+        state=t.layer(piece, a["weight"] if a["weight"] is not None else node.name, "GroupNorm", kwargs),
+    )
 
 
 def _reduction(op: str):
@@ -399,6 +427,7 @@ def _reduction(op: str):
         if a.get("keepdim"):
             attrs["keepdim"] = True
         piece.add(op, [t.value(a["self"])], attrs)
+
     return rule
 
 
@@ -407,6 +436,7 @@ def _softmax(op: str):
         if a.get("half_to_float") or a.get("dtype") is not None:
             return False
         piece.add(op, [t.value(a["self"])], {"dim": a["dim"]})
+
     return rule
 
 
@@ -469,6 +499,7 @@ def _cat(t, piece, node, a):
 
 def _splitting(kind: str):
     """chunk, split and unbind: each ``getitem`` becomes its own slice."""
+
     def rule(t, piece, node, a):
         x = a["self"]
         rank = _val(x).dim()
@@ -496,6 +527,7 @@ def _splitting(kind: str):
 
         t.deferred[node.name] = (t.value(x), slicer)
         return "deferred"
+
     return rule
 
 
@@ -510,6 +542,7 @@ def _pool(op: str, *names: str, defaults: dict):
             if value is not None and value != defaults.get(name):
                 attrs[name] = value
         piece.add(op, [t.value(a["self"])], attrs)
+
     return rule
 
 
@@ -529,6 +562,7 @@ def _upsample(mode: str):
         else:
             attrs["size"] = list(_val(node).shape[2:])
         piece.add("interpolate", [t.value(a["input"])], attrs)
+
     return rule
 
 
@@ -639,15 +673,55 @@ for _packets, _rule in [
     ((aten.split,), _splitting("split")),
     ((aten.split_with_sizes,), _splitting("split_with_sizes")),
     ((aten.unbind,), _splitting("unbind")),
-    ((aten.max_pool2d,), _pool("max_pool2d", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
-                               defaults={"padding": [0, 0], "dilation": [1, 1], "ceil_mode": False})),
-    ((aten.max_pool1d,), _pool("max_pool1d", "kernel_size", "stride", "padding", "dilation", "ceil_mode",
-                               defaults={"padding": [0], "dilation": [1], "ceil_mode": False})),
-    ((aten.avg_pool2d,), _pool("avg_pool2d", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
-                               "divisor_override", defaults={"padding": [0, 0], "ceil_mode": False,
-                                                             "count_include_pad": True})),
-    ((aten.avg_pool1d,), _pool("avg_pool1d", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad",
-                               defaults={"padding": [0], "ceil_mode": False, "count_include_pad": True})),
+    (
+        (aten.max_pool2d,),
+        _pool(
+            "max_pool2d",
+            "kernel_size",
+            "stride",
+            "padding",
+            "dilation",
+            "ceil_mode",
+            defaults={"padding": [0, 0], "dilation": [1, 1], "ceil_mode": False},
+        ),
+    ),
+    (
+        (aten.max_pool1d,),
+        _pool(
+            "max_pool1d",
+            "kernel_size",
+            "stride",
+            "padding",
+            "dilation",
+            "ceil_mode",
+            defaults={"padding": [0], "dilation": [1], "ceil_mode": False},
+        ),
+    ),
+    (
+        (aten.avg_pool2d,),
+        _pool(
+            "avg_pool2d",
+            "kernel_size",
+            "stride",
+            "padding",
+            "ceil_mode",
+            "count_include_pad",
+            "divisor_override",
+            defaults={"padding": [0, 0], "ceil_mode": False, "count_include_pad": True},
+        ),
+    ),
+    (
+        (aten.avg_pool1d,),
+        _pool(
+            "avg_pool1d",
+            "kernel_size",
+            "stride",
+            "padding",
+            "ceil_mode",
+            "count_include_pad",
+            defaults={"padding": [0], "ceil_mode": False, "count_include_pad": True},
+        ),
+    ),
     ((aten.adaptive_avg_pool2d,), _adaptive_avg_pool2d),
     ((aten.upsample_nearest2d,), _upsample("nearest")),
     ((aten.upsample_bilinear2d,), _upsample("bilinear")),
@@ -677,6 +751,7 @@ def model_graph(name: str) -> ModelGraph:
     """The recipe's translated graph, once per process."""
     if name not in _GRAPHS:
         from etprop.strategies.model_zoo import exported
+
         _GRAPHS[name] = translate(name, exported(name))
     return _GRAPHS[name]
 
@@ -687,8 +762,9 @@ def window(graph: ModelGraph, start: int, size: int, seed: int, dtype: str = "fl
     order over producers and consumers, until it holds ``size`` spec nodes."""
     names = list(graph.pieces)
     order = {name: index for index, name in enumerate(names)}
-    producers = {name: [read[0] for read in piece.reads if read[0] in graph.pieces]
-                 for name, piece in graph.pieces.items()}
+    producers = {
+        name: [read[0] for read in piece.reads if read[0] in graph.pieces] for name, piece in graph.pieces.items()
+    }
     consumers: dict[str, list[str]] = {}
     for (producer, _), readers in graph.users.items():
         consumers.setdefault(producer, []).extend(readers)
@@ -737,9 +813,13 @@ def _window_spec(graph: ModelGraph, chosen: list[str], dtype: str) -> dict:
             nodes.append(spec_node)
         produced.append(((name, 0), ids[piece.outputs[0]]))
     read_inside = {arg for node in nodes for arg in node["args"]}
-    outputs = [value_id for value, value_id in produced
-               if value_id not in read_inside or value in graph.graph_outputs
-               or any(user not in chosen_set for user in graph.users.get(value, []))]
+    outputs = [
+        value_id
+        for value, value_id in produced
+        if value_id not in read_inside
+        or value in graph.graph_outputs
+        or any(user not in chosen_set for user in graph.users.get(value, []))
+    ]
     body = {"inputs": inputs, "nodes": nodes, "outputs": outputs}
     spec = {"format": FORMAT, "state": state, "methods": {"forward": body}}
     if dtype != "float32":
@@ -751,6 +831,7 @@ def _window_spec(graph: ModelGraph, chosen: list[str], dtype: str) -> dict:
 def real_model_windows(draw, min_nodes: int = 3, max_nodes: int = 30, models: tuple[str, ...] | None = None):
     """A window of a real model's graph (see the module docstring)."""
     from etprop.strategies.model_zoo import INSTALL_HINT, installed
+
     names = models or installed()
     if not names:
         raise ImportError(f"the real-model family needs at least one model library: {INSTALL_HINT}")
@@ -758,7 +839,7 @@ def real_model_windows(draw, min_nodes: int = 3, max_nodes: int = 30, models: tu
     graph = model_graph(name)
     size = draw(st.integers(min_nodes, max_nodes))
     start = draw(st.integers(0, len(graph.pieces) - 1))
-    seed = draw(st.integers(0, 2 ** 16))
+    seed = draw(st.integers(0, 2**16))
     dtype = draw(st.sampled_from(("float32", "float32", "float32", "float16", "bfloat16")))
     event(f"model {name}")
     return window(graph, start, size, seed, dtype)

@@ -24,9 +24,21 @@ INSTALL_HINT = "pip install 'etprop[models]' (torchvision, timm, transformers)"
 
 # Ops torchvision's compiled extension defines; its Python code registers fake
 # kernels for them at import.
-_TORCHVISION_OPS = ("nms", "qnms", "roi_align", "_roi_align_backward", "ps_roi_align", "_ps_roi_align_backward",
-                    "roi_pool", "_roi_pool_backward", "ps_roi_pool", "_ps_roi_pool_backward", "qroi_align",
-                    "deform_conv2d", "_deform_conv2d_backward")
+_TORCHVISION_OPS = (
+    "nms",
+    "qnms",
+    "roi_align",
+    "_roi_align_backward",
+    "ps_roi_align",
+    "_ps_roi_align_backward",
+    "roi_pool",
+    "_roi_pool_backward",
+    "ps_roi_pool",
+    "_ps_roi_pool_backward",
+    "qroi_align",
+    "deform_conv2d",
+    "_deform_conv2d_backward",
+)
 _torchvision_stubs = []
 
 
@@ -64,9 +76,9 @@ def _library(name: str):
 @dataclass(frozen=True)
 class Recipe:
     name: str
-    kind: str          # "vision", "text" or "speech": how coverage is reported
+    kind: str  # "vision", "text" or "speech": how coverage is reported
     library: str
-    make: Callable     # library module -> (nn.Module, example inputs)
+    make: Callable  # library module -> (nn.Module, example inputs)
 
 
 def _image(size: int = 64):
@@ -78,12 +90,14 @@ def _tokens(length: int = 8, vocab: int = 100):
 
 
 def _vit_tv(tv):
-    return tv.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32,
-                                       mlp_dim=64), _image(32)
+    return tv.models.VisionTransformer(
+        image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=32, mlp_dim=64
+    ), _image(32)
 
 
 def _fpn(tv):
     from torchvision.models.detection.backbone_utils import resnet_fpn_backbone
+
     return resnet_fpn_backbone(backbone_name="resnet18", weights=None, trainable_layers=5), _image(64)
 
 
@@ -93,33 +107,67 @@ def _ssdlite_backbone(tv):
 
 
 def _bert(transformers):
-    config = transformers.BertConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                     intermediate_size=64, vocab_size=100, max_position_embeddings=32,
-                                     attn_implementation="eager")
+    config = transformers.BertConfig(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        vocab_size=100,
+        max_position_embeddings=32,
+        attn_implementation="eager",
+    )
     return transformers.BertModel(config), _tokens()
 
 
 def _gpt2(transformers):
-    config = transformers.GPT2Config(n_embd=32, n_layer=2, n_head=2, vocab_size=100, n_positions=32,
-                                     bos_token_id=0, eos_token_id=0, use_cache=False,
-                                     attn_implementation="eager")
+    config = transformers.GPT2Config(
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        vocab_size=100,
+        n_positions=32,
+        bos_token_id=0,
+        eos_token_id=0,
+        use_cache=False,
+        attn_implementation="eager",
+    )
     return transformers.GPT2LMHeadModel(config), _tokens()
 
 
 def _wav2vec2(transformers):
-    config = transformers.Wav2Vec2Config(hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                                         intermediate_size=64, conv_dim=(16, 16), conv_stride=(5, 2),
-                                         conv_kernel=(10, 3), num_conv_pos_embeddings=16,
-                                         num_conv_pos_embedding_groups=2, attn_implementation="eager")
+    config = transformers.Wav2Vec2Config(
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        conv_dim=(16, 16),
+        conv_stride=(5, 2),
+        conv_kernel=(10, 3),
+        num_conv_pos_embeddings=16,
+        num_conv_pos_embedding_groups=2,
+        attn_implementation="eager",
+    )
     return transformers.Wav2Vec2Model(config), (torch.randn(1, 400),)
 
 
 def _whisper_encoder(transformers):
-    config = transformers.WhisperConfig(d_model=32, encoder_layers=2, encoder_attention_heads=2,
-                                        encoder_ffn_dim=64, num_mel_bins=16, max_source_positions=16,
-                                        decoder_layers=1, decoder_attention_heads=2, decoder_ffn_dim=64,
-                                        vocab_size=100, pad_token_id=0, bos_token_id=0, eos_token_id=0,
-                                        decoder_start_token_id=0, attn_implementation="eager")
+    config = transformers.WhisperConfig(
+        d_model=32,
+        encoder_layers=2,
+        encoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        num_mel_bins=16,
+        max_source_positions=16,
+        decoder_layers=1,
+        decoder_attention_heads=2,
+        decoder_ffn_dim=64,
+        vocab_size=100,
+        pad_token_id=0,
+        bos_token_id=0,
+        eos_token_id=0,
+        decoder_start_token_id=0,
+        attn_implementation="eager",
+    )
     return transformers.WhisperModel(config).get_encoder(), (torch.randn(1, 16, 32),)
 
 

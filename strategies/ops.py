@@ -30,6 +30,7 @@ def _divisors(n: int) -> list[int]:
 
 # -- computed weights ---------------------------------------------------------
 
+
 def parametrizations(draw, shape: tuple[int, ...], always: bool = False) -> list[dict]:
     """How a weight of ``shape`` is computed: an optional storage form
     (weight_norm, spectral_norm, low-rank factors, stored transposed or flat)
@@ -45,8 +46,9 @@ def parametrizations(draw, shape: tuple[int, ...], always: bool = False) -> list
     if first == "weight_norm":
         result.append({"type": first, "dim": draw(st.integers(-1, len(shape) - 1))})
     elif first == "spectral_norm":
-        result.append({"type": first, "n_power_iterations": draw(st.integers(1, 3)),
-                       "dim": draw(st.sampled_from([None, 1]))})
+        result.append(
+            {"type": first, "n_power_iterations": draw(st.integers(1, 3)), "dim": draw(st.sampled_from([None, 1]))}
+        )
     elif first == "low_rank":
         result.append({"type": first, "rank": draw(st.integers(1, min(shape)))})
     elif first == "scale":
@@ -67,14 +69,13 @@ def parametrizations(draw, shape: tuple[int, ...], always: bool = False) -> list
 def _weight(draw, g: GraphDraft, shape: tuple[int, ...], computed_bias: bool = False) -> str:
     """A weight holder for a functional GEMM: reuse one of the right shape
     (a shared source) or make a new one, computed or not."""
-    existing = [n for n, e in g.program.state.items()
-                if e["kind"] == "weight" and tuple(e["shape"]) == tuple(shape)]
+    existing = [n for n, e in g.program.state.items() if e["kind"] == "weight" and tuple(e["shape"]) == tuple(shape)]
     if existing and draw(st.integers(0, 3)) == 0:
         return draw(st.sampled_from(existing))
     fan_in = 1
     for d in shape[1:] or shape:
         fan_in *= d
-    entry = {"kind": "weight", "shape": list(shape), "scale": round(1.0 / fan_in ** 0.5, 4)}
+    entry = {"kind": "weight", "shape": list(shape), "scale": round(1.0 / fan_in**0.5, 4)}
     computed = parametrizations(draw, shape, always=g.program.computed_weights and len(shape) > 1)
     if computed:
         entry["parametrizations"] = computed
@@ -84,13 +85,11 @@ def _weight(draw, g: GraphDraft, shape: tuple[int, ...], computed_bias: bool = F
 def _layer_params(draw, g: GraphDraft, weight_shape, bias: bool) -> list[dict]:
     result = [dict(p, on="weight") for p in parametrizations(draw, weight_shape, g.program.computed_weights)]
     if bias and draw(st.integers(0, 4)) == 0:
-        result.append({"type": draw(st.sampled_from(["scale", "add_delta"])), "on": "bias",
-                       "factor": 2.0, "seed": 7})
+        result.append({"type": draw(st.sampled_from(["scale", "add_delta"])), "on": "bias", "factor": 2.0, "seed": 7})
     return result
 
 
-def _new_or_reused_layer(draw, g: GraphDraft, layer_type: str, kwargs: dict,
-                         weight_shape: tuple[int, ...]) -> str:
+def _new_or_reused_layer(draw, g: GraphDraft, layer_type: str, kwargs: dict, weight_shape: tuple[int, ...]) -> str:
     """Reuse an identical layer now and then (one module called at several places)."""
     for name, entry in g.program.state.items():
         if entry.get("type") == layer_type and entry["kwargs"] == kwargs and draw(st.integers(0, 2)) == 0:
@@ -103,6 +102,7 @@ def _new_or_reused_layer(draw, g: GraphDraft, layer_type: str, kwargs: dict,
 
 
 # -- GEMMs ----------------------------------------------------------------------
+
 
 def draw_linear(draw, g):
     x = g.pick(draw, lambda v: 1 <= v.rank <= 4)
@@ -130,11 +130,9 @@ def _conv_kwargs(draw, x: Value, dims: int, transposed: bool) -> Optional[dict]:
     depthwise = groups == c_in and draw(st.booleans())
     c_out = c_in * draw(st.integers(1, 2)) if depthwise else groups * draw(st.integers(1, max(1, 8 // groups)))
     kernel = [draw(st.integers(1, max(1, min(5, s)))) for s in spatial]
-    dilation = [draw(st.integers(1, 2)) if k > 1 and (k - 1) * 2 + 1 <= s else 1
-                for k, s in zip(kernel, spatial)]
+    dilation = [draw(st.integers(1, 2)) if k > 1 and (k - 1) * 2 + 1 <= s else 1 for k, s in zip(kernel, spatial)]
     stride = [draw(st.integers(1, 3)) for _ in spatial]
-    kwargs = {"in_channels": c_in, "out_channels": c_out, "groups": groups,
-              "bias": draw(st.booleans())}
+    kwargs = {"in_channels": c_in, "out_channels": c_out, "groups": groups, "bias": draw(st.booleans())}
     if transposed:
         padding = [draw(st.integers(0, d * (k - 1) // 2)) for k, d in zip(kernel, dilation)]
         output_padding = [draw(st.integers(0, max(s, d) - 1)) for s, d in zip(stride, dilation)]
@@ -157,8 +155,12 @@ def _conv_kwargs(draw, x: Value, dims: int, transposed: bool) -> Optional[dict]:
             kwargs["padding_mode"] = pad_mode
     scalar = dims == 1 or draw(st.booleans())
     pick = (lambda v: v[0]) if dims == 1 else (lambda v: v if not scalar or len(set(v)) > 1 else v[0])
-    kwargs.update(kernel_size=pick(kernel), stride=pick(stride), dilation=pick(dilation),
-                  padding=padding if isinstance(padding, str) else pick(padding))
+    kwargs.update(
+        kernel_size=pick(kernel),
+        stride=pick(stride),
+        dilation=pick(dilation),
+        padding=padding if isinstance(padding, str) else pick(padding),
+    )
     return kwargs
 
 
@@ -183,6 +185,7 @@ def _draw_conv(dims: int, transposed: bool) -> Drawer:
             attrs["bias_state"] = _weight(draw, g, (kwargs["out_channels"],))
         op = f"conv_transpose{dims}d" if transposed else f"conv{dims}d"
         return g.add(op, [x], attrs, state=_weight(draw, g, wshape))
+
     return draw_conv
 
 
@@ -226,8 +229,26 @@ def draw_matmul(draw, g):
 
 # Ops whose parameters a twin can have: GEMMs, normalization layers, and
 # binary ops with a parameter, buffer or constant operand.
-_TWINNABLE = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm", "matmul",
-              "layer_norm", "batch_norm", "group_norm", "add", "sub", "mul", "div", "maximum", "minimum")
+_TWINNABLE = (
+    "linear",
+    "conv1d",
+    "conv2d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "addmm",
+    "mm",
+    "bmm",
+    "matmul",
+    "layer_norm",
+    "batch_norm",
+    "group_norm",
+    "add",
+    "sub",
+    "mul",
+    "div",
+    "maximum",
+    "minimum",
+)
 
 
 def _twin_state(g: GraphDraft, name: str) -> str:
@@ -276,6 +297,7 @@ def draw_parallel_twins(draw, g):
 
 # -- elementwise, activations ------------------------------------------------------
 
+
 def _unary(op: str, **kw_strategies) -> Drawer:
     def draw_unary(draw, g):
         x = g.pick(draw)
@@ -284,13 +306,18 @@ def _unary(op: str, **kw_strategies) -> Drawer:
             value = _maybe(draw, draw(strategy))
             if value is not None:
                 attrs[name] = value
-        if op == "clamp" and attrs.get("min") is not None and attrs.get("max") is not None \
-                and attrs["min"] > attrs["max"]:
+        if (
+            op == "clamp"
+            and attrs.get("min") is not None
+            and attrs.get("max") is not None
+            and attrs["min"] > attrs["max"]
+        ):
             attrs["min"], attrs["max"] = attrs["max"], attrs["min"]
         if op == "hardtanh" and attrs.get("min_val", -1.0) >= attrs.get("max_val", 1.0):
             attrs.pop("min_val", None)
             attrs.pop("max_val", None)
         return g.add(op, [x], attrs)
+
     return draw_unary
 
 
@@ -308,8 +335,9 @@ def _binary(op: str, **kw_strategies) -> Drawer:
                 attrs[name] = value
         source = draw(st.sampled_from(["value", "state", "scalar"]))
         if source == "value":
-            other = g.pick(draw, lambda v: v.name != x.name and _broadcastable(x.shape, v.shape)
-                           and len(v.shape) <= len(x.shape))
+            other = g.pick(
+                draw, lambda v: v.name != x.name and _broadcastable(x.shape, v.shape) and len(v.shape) <= len(x.shape)
+            )
             if other is not None and op == "div":
                 # A divisor kept within [1/e, e]: exp(tanh(.)) of the value.
                 other = g.add("exp_bounded", [other])
@@ -318,24 +346,27 @@ def _binary(op: str, **kw_strategies) -> Drawer:
         if source == "scalar" and op not in ("maximum", "minimum"):
             attrs["scalar"] = draw(st.sampled_from([0.5, 2.0, -3.0, 1.0]))
             return g.add(op, [x], attrs)
-        shape = list(x.shape[draw(st.integers(0, len(x.shape))):])
+        shape = list(x.shape[draw(st.integers(0, len(x.shape))) :])
         kind = draw(st.sampled_from(["parameter", "buffer", "constant"]))
         entry = {"kind": kind, "shape": shape, "scale": 1.0}
         if op == "div":
             entry["min_abs"] = 0.5
         return g.add(op, [x], attrs, state=g.program.add_state(kind[0], entry))
+
     return draw_binary
 
 
 # -- reductions, softmax, views -------------------------------------------------------
+
 
 def _reduction(op: str) -> Drawer:
     def draw_reduction(draw, g):
         x = g.pick(draw, lambda v: v.rank >= 1)
         if x is None:
             return None
-        dims = draw(st.lists(st.integers(-x.rank, x.rank - 1), min_size=1, max_size=x.rank,
-                             unique_by=lambda d: d % x.rank))
+        dims = draw(
+            st.lists(st.integers(-x.rank, x.rank - 1), min_size=1, max_size=x.rank, unique_by=lambda d: d % x.rank)
+        )
         attrs = {"dim": dims[0] if len(dims) == 1 and draw(st.booleans()) else dims}
         keepdim = _maybe(draw, True, None)
         if keepdim or x.rank == len(dims):
@@ -345,6 +376,7 @@ def _reduction(op: str) -> Drawer:
             if attrs["correction"] == 1 and all(x.shape[d] == 1 for d in dims):
                 attrs["correction"] = 0
         return g.add(op, [x], attrs)
+
     return draw_reduction
 
 
@@ -354,6 +386,7 @@ def _softmax(op: str) -> Drawer:
         if x is None:
             return None
         return g.add(op, [x], {"dim": draw(st.integers(-x.rank, x.rank - 1))})
+
     return draw_softmax
 
 
@@ -381,8 +414,9 @@ def draw_transpose(draw, g):
     x = g.pick(draw, lambda v: v.rank >= 2)
     if x is None:
         return None
-    return g.add("transpose", [x], {"dim0": draw(st.integers(0, x.rank - 1)),
-                                     "dim1": draw(st.integers(-x.rank, x.rank - 1))})
+    return g.add(
+        "transpose", [x], {"dim0": draw(st.integers(0, x.rank - 1)), "dim1": draw(st.integers(-x.rank, x.rank - 1))}
+    )
 
 
 def draw_flatten(draw, g):
@@ -430,6 +464,7 @@ def draw_cat(draw, g):
 
 # -- pooling, normalization ---------------------------------------------------------------
 
+
 def _pool(op: str, dims: int) -> Drawer:
     def draw_pool(draw, g):
         x = g.pick(draw, lambda v: v.rank == dims + 2 and min(v.shape[2:]) >= 2)
@@ -456,6 +491,7 @@ def _pool(op: str, dims: int) -> Drawer:
             if dims == 2 and draw(st.integers(0, 3)) == 0:
                 attrs["divisor_override"] = draw(st.integers(1, 5))
         return g.add(op, [x], attrs)
+
     return draw_pool
 
 
@@ -468,8 +504,10 @@ def draw_adaptive_avg_pool2d(draw, g):
 
 
 # Interpolation modes by input rank; which take align_corners / antialias.
-_INTERPOLATE_MODES = {3: ["nearest", "linear", "nearest-exact", "area"],
-                      4: ["nearest", "bilinear", "bicubic", "nearest-exact", "area"]}
+_INTERPOLATE_MODES = {
+    3: ["nearest", "linear", "nearest-exact", "area"],
+    4: ["nearest", "bilinear", "bicubic", "nearest-exact", "area"],
+}
 _ALIGNABLE = {"linear", "bilinear", "bicubic"}
 
 
@@ -494,8 +532,11 @@ def draw_interpolate(draw, g):
             attrs["recompute_scale_factor"] = True
     if mode in _ALIGNABLE and draw(st.booleans()):
         attrs["align_corners"] = True
-    if mode in ("bilinear", "bicubic") and g.program.dtype in ARGUMENT_DTYPES[("interpolate", "antialias")] \
-            and draw(st.integers(0, 3)) == 0:
+    if (
+        mode in ("bilinear", "bicubic")
+        and g.program.dtype in ARGUMENT_DTYPES[("interpolate", "antialias")]
+        and draw(st.integers(0, 3)) == 0
+    ):
         attrs["antialias"] = True
     return g.add("interpolate", [x], attrs)
 
@@ -519,13 +560,15 @@ def draw_layer_norm(draw, g):
     x = g.pick(draw, lambda v: v.rank >= 2)
     if x is None:
         return None
-    shape = list(x.shape[-draw(st.integers(1, min(2, x.rank - 1))):])
-    kwargs = {"normalized_shape": shape, "eps": draw(st.sampled_from([1e-5, 1e-3])),
-              "elementwise_affine": draw(st.booleans())}
+    shape = list(x.shape[-draw(st.integers(1, min(2, x.rank - 1))) :])
+    kwargs = {
+        "normalized_shape": shape,
+        "eps": draw(st.sampled_from([1e-5, 1e-3])),
+        "elementwise_affine": draw(st.booleans()),
+    }
     if kwargs["elementwise_affine"] and draw(st.booleans()):
         kwargs["bias"] = False
-    return g.add("layer", [x], state=g.program.add_state("n", {"kind": "layer", "type": "LayerNorm",
-                                                                 "kwargs": kwargs}))
+    return g.add("layer", [x], state=g.program.add_state("n", {"kind": "layer", "type": "LayerNorm", "kwargs": kwargs}))
 
 
 def draw_batch_norm(draw, g):
@@ -533,10 +576,8 @@ def draw_batch_norm(draw, g):
     if x is None:
         return None
     layer_type = "BatchNorm2d" if x.rank == 4 else "BatchNorm1d"
-    kwargs = {"num_features": x.shape[1], "eps": draw(st.sampled_from([1e-5, 1e-3])),
-              "affine": draw(st.booleans())}
-    return g.add("layer", [x], state=g.program.add_state("n", {"kind": "layer", "type": layer_type,
-                                                                 "kwargs": kwargs}))
+    kwargs = {"num_features": x.shape[1], "eps": draw(st.sampled_from([1e-5, 1e-3])), "affine": draw(st.booleans())}
+    return g.add("layer", [x], state=g.program.add_state("n", {"kind": "layer", "type": layer_type, "kwargs": kwargs}))
 
 
 def draw_group_norm(draw, g):
@@ -544,10 +585,13 @@ def draw_group_norm(draw, g):
     if x is None:
         return None
     channels = x.shape[1]
-    kwargs = {"num_groups": draw(st.sampled_from(_divisors(channels))), "num_channels": channels,
-              "eps": draw(st.sampled_from([1e-5, 1e-3])), "affine": draw(st.booleans())}
-    return g.add("layer", [x], state=g.program.add_state("n", {"kind": "layer", "type": "GroupNorm",
-                                                                 "kwargs": kwargs}))
+    kwargs = {
+        "num_groups": draw(st.sampled_from(_divisors(channels))),
+        "num_channels": channels,
+        "eps": draw(st.sampled_from([1e-5, 1e-3])),
+        "affine": draw(st.booleans()),
+    }
+    return g.add("layer", [x], state=g.program.add_state("n", {"kind": "layer", "type": "GroupNorm", "kwargs": kwargs}))
 
 
 def draw_buffer_update(draw, g):
@@ -574,8 +618,10 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("silu", _unary("silu")),
     ("hardswish", _unary("hardswish")),
     ("hardsigmoid", _unary("hardsigmoid")),
-    ("hardtanh", _unary("hardtanh", min_val=st.sampled_from([-2.0, -0.5, 0.0]),
-                        max_val=st.sampled_from([0.5, 1.0, 6.0]))),
+    (
+        "hardtanh",
+        _unary("hardtanh", min_val=st.sampled_from([-2.0, -0.5, 0.0]), max_val=st.sampled_from([0.5, 1.0, 6.0])),
+    ),
     ("leaky_relu", _unary("leaky_relu", negative_slope=st.sampled_from([0.2, 0.0, 1.5]))),
     ("elu", _unary("elu", alpha=st.sampled_from([0.5, 2.0]))),
     ("softplus", _unary("softplus", beta=st.sampled_from([0.5, 2.0]), threshold=st.sampled_from([5.0, 30.0]))),
@@ -631,6 +677,20 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("group_norm", draw_group_norm),
     ("buffer_update", draw_buffer_update),
 ]
-GEMM_DRAWERS = [d for d in DRAWERS if d[0] in
-                ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm",
-                 "matmul", "parallel_twins")]
+GEMM_DRAWERS = [
+    d
+    for d in DRAWERS
+    if d[0]
+    in (
+        "linear",
+        "conv1d",
+        "conv2d",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "addmm",
+        "mm",
+        "bmm",
+        "matmul",
+        "parallel_twins",
+    )
+]

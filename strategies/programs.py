@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from etprop.program.quantize import SCHEMES
 from etprop.program.spec import FORMAT, QUANTIZED_FORMAT, all_nodes
+from etprop.strategies import sizes
 from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
 from etprop.strategies.ops import DRAWERS, GEMM_DRAWERS, add_twin
-from etprop.strategies import sizes
 from etprop.strategies.sizes import slot_count
 
 
@@ -62,9 +62,13 @@ def draw_body(draw, graph: GraphDraft, slots: int, drawers) -> None:
         value = drawer(draw, graph)
         if value is None:
             event(f"slot skipped: {name} did not fit")
-        elif graph.program.twin_odds and graph.nodes[-1]["id"] == value.name \
-                and graph.program.reads_parameters(graph.nodes[-1]) \
-                and draw(st.integers(0, graph.program.twin_odds - 1)) == 0 and add_twin(graph, value):
+        elif (
+            graph.program.twin_odds
+            and graph.nodes[-1]["id"] == value.name
+            and graph.program.reads_parameters(graph.nodes[-1])
+            and draw(st.integers(0, graph.program.twin_odds - 1)) == 0
+            and add_twin(graph, value)
+        ):
             event("twin: the same op on the same operands with its own parameters")
 
 
@@ -93,17 +97,25 @@ def finish_method(graph: GraphDraft) -> dict:
 
 
 @st.composite
-def method_body(draw, program: ProgramDraft, min_nodes: int, max_nodes: int, drawers=DRAWERS,
-                inputs: list[Value] | None = None):
+def method_body(
+    draw, program: ProgramDraft, min_nodes: int, max_nodes: int, drawers=DRAWERS, inputs: list[Value] | None = None
+):
     graph = GraphDraft(program, inputs or draw(input_values(program)))
     draw_body(draw, graph, slot_count(draw, min_nodes, max_nodes), drawers)
     return finish_method(graph)
 
 
 @st.composite
-def programs(draw, min_nodes: int = 1, max_nodes: int = 32, computed_weights: bool = False,
-             gemm_heavy: bool = False, dtype: str | None = None, dynamic_batch: bool | None = None,
-             twins: bool = False):
+def programs(
+    draw,
+    min_nodes: int = 1,
+    max_nodes: int = 32,
+    computed_weights: bool = False,
+    gemm_heavy: bool = False,
+    dtype: str | None = None,
+    dynamic_batch: bool | None = None,
+    twins: bool = False,
+):
     """Single-method programs over the whole op vocabulary.
 
     ``computed_weights`` makes every GEMM weight computed from parameters;
@@ -113,9 +125,11 @@ def programs(draw, min_nodes: int = 1, max_nodes: int = 32, computed_weights: bo
     that reads a parameter is drawn again beside itself with parameters of
     its own (where a swapped weight shows).
     """
-    program = ProgramDraft(computed_weights=computed_weights,
-                           dtype=dtype or draw(st.sampled_from(PROGRAM_DTYPES)),
-                           twin_odds=TWIN_ODDS if twins else 0)
+    program = ProgramDraft(
+        computed_weights=computed_weights,
+        dtype=dtype or draw(st.sampled_from(PROGRAM_DTYPES)),
+        twin_odds=TWIN_ODDS if twins else 0,
+    )
     drawers = DRAWERS + GEMM_DRAWERS if gemm_heavy else DRAWERS
     body = draw(method_body(program, min_nodes, max_nodes, drawers))
     event(f"nodes: {len(body['nodes']) // 8 * 8}-{len(body['nodes']) // 8 * 8 + 7}")
@@ -140,8 +154,11 @@ def _make_batch_dynamic(draw, program: ProgramDraft, body: dict) -> None:
     rest = tuple(inp["shape"][1:])
     sizes = (MIN_DYNAMIC, high, 2 * high + 1)
     shapes = [_shapes(program, body, [Value(inp["name"], (size,) + rest)]) for size in sizes]
-    if all(shapes) and all(_batch_linear(sizes, [found[name] for found in shapes]) for name in shapes[0]) \
-            and not _reshapes_batch_away(body, shapes):
+    if (
+        all(shapes)
+        and all(_batch_linear(sizes, [found[name] for found in shapes]) for name in shapes[0])
+        and not _reshapes_batch_away(body, shapes)
+    ):
         inp["dynamic"] = [[0, MIN_DYNAMIC, high]]
         event("dynamic batch dim")
 
@@ -150,11 +167,13 @@ def _reshapes_batch_away(body: dict, shapes: list[dict]) -> bool:
     """Whether a reshape of a batch-sized value leads with a fixed dim, as
     (B, 12) -> (6, 2B): export then guards on the batch size (``B != 6``),
     which a declared range cannot satisfy."""
+
     def varies(name, dim=None):
         return len({found[name] if dim is None else found[name][dim] for found in shapes}) > 1
 
-    return any(node["op"] == "reshape" and varies(node["args"][0]) and not varies(node["id"], 0)
-               for node in body["nodes"])
+    return any(
+        node["op"] == "reshape" and varies(node["args"][0]) and not varies(node["id"], 0) for node in body["nodes"]
+    )
 
 
 def _batch_linear(sizes: tuple, shapes: list[tuple]) -> bool:
@@ -217,14 +236,20 @@ def multi_method_programs(draw, min_methods: int = 2, max_methods: int = 4, max_
     first = draw(method_body(program, 2, max_nodes, DRAWERS + GEMM_DRAWERS))
     methods = {"forward": first}
     for index in range(1, draw(st.integers(min_methods, max_methods))):
-        name = draw(st.sampled_from(["prefill", "decode", "encode", "score"]).filter(lambda n: n not in methods)) \
-            if index < 4 else f"method{index}"
+        name = (
+            draw(st.sampled_from(["prefill", "decode", "encode", "score"]).filter(lambda n: n not in methods))
+            if index < 4
+            else f"method{index}"
+        )
         style = draw(st.sampled_from(["same_graph_other_shape", "other_graph"]))
         if style == "same_graph_other_shape":
             inputs = [Value(i["name"], (draw(st.integers(1, 8)),) + tuple(i["shape"][1:])) for i in first["inputs"]]
             if _reinfer(program, first, inputs):
-                methods[name] = {"inputs": _inputs_spec(inputs, program.dtype), "nodes": first["nodes"],
-                                 "outputs": first["outputs"]}
+                methods[name] = {
+                    "inputs": _inputs_spec(inputs, program.dtype),
+                    "nodes": first["nodes"],
+                    "outputs": first["outputs"],
+                }
                 event("multi-method: same graph, other batch")
                 continue
         methods[name] = draw(method_body(program, 2, max_nodes, GEMM_DRAWERS + DRAWERS))
@@ -242,8 +267,13 @@ def quantization_configs(draw, spec: dict, schemes: tuple = SCHEMES) -> dict:
     ``schemes``, the whole program or some of its GEMM layers, and the
     calibration batches."""
     scheme = draw(st.sampled_from(schemes))
-    layers = sorted({node["state"] for _, node in all_nodes(spec) if node["op"] == "layer"
-                     and spec["state"][node["state"]].get("type") in _QUANTIZABLE_LAYERS})
+    layers = sorted(
+        {
+            node["state"]
+            for _, node in all_nodes(spec)
+            if node["op"] == "layer" and spec["state"][node["state"]].get("type") in _QUANTIZABLE_LAYERS
+        }
+    )
     modules = None
     if layers and draw(st.integers(0, 3)) == 3:
         modules = sorted(draw(st.sets(st.sampled_from(layers), min_size=1, max_size=len(layers))))

@@ -16,13 +16,24 @@ def linear_relu_spec(out_features: int = 4) -> dict:
     """x[2, 8] -> Linear(8, out) -> relu: the smallest program with a weight."""
     return {
         "format": FORMAT,
-        "state": {"l0": {"kind": "layer", "type": "Linear", "seed": 1,
-                         "kwargs": {"in_features": 8, "out_features": out_features, "bias": True}}},
-        "methods": {"forward": {
-            "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
-            "nodes": [{"id": "v0", "op": "layer", "args": ["x"], "state": "l0"},
-                      {"id": "v1", "op": "relu", "args": ["v0"]}],
-            "outputs": ["v1"]}},
+        "state": {
+            "l0": {
+                "kind": "layer",
+                "type": "Linear",
+                "seed": 1,
+                "kwargs": {"in_features": 8, "out_features": out_features, "bias": True},
+            }
+        },
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
+                "nodes": [
+                    {"id": "v0", "op": "layer", "args": ["x"], "state": "l0"},
+                    {"id": "v1", "op": "relu", "args": ["v0"]},
+                ],
+                "outputs": ["v1"],
+            }
+        },
     }
 
 
@@ -31,14 +42,35 @@ def while_loop_spec() -> dict:
     """x[2, 8] -> while_loop(2 iterations of a Linear): what the 1.5.1 emitter cannot emit."""
     return {
         "format": FORMAT,
-        "state": {"l0": {"kind": "layer", "type": "Linear", "seed": 1,
-                         "kwargs": {"in_features": 8, "out_features": 8, "bias": True}}},
-        "methods": {"forward": {
-            "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
-            "nodes": [{"id": "v0", "op": "while_loop", "args": ["x"], "attrs": {"iterations": 2},
-                       "bodies": [{"params": ["a0"], "outputs": ["a1"],
-                                   "nodes": [{"id": "a1", "op": "layer", "args": ["a0"], "state": "l0"}]}]}],
-            "outputs": ["v0"]}},
+        "state": {
+            "l0": {
+                "kind": "layer",
+                "type": "Linear",
+                "seed": 1,
+                "kwargs": {"in_features": 8, "out_features": 8, "bias": True},
+            }
+        },
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
+                "nodes": [
+                    {
+                        "id": "v0",
+                        "op": "while_loop",
+                        "args": ["x"],
+                        "attrs": {"iterations": 2},
+                        "bodies": [
+                            {
+                                "params": ["a0"],
+                                "outputs": ["a1"],
+                                "nodes": [{"id": "a1", "op": "layer", "args": ["a0"], "state": "l0"}],
+                            }
+                        ],
+                    }
+                ],
+                "outputs": ["v0"],
+            }
+        },
     }
 
 
@@ -71,7 +103,11 @@ class ScriptRunner:
         self._log_file = self._log.open("w")
         self._server = subprocess.Popen(
             [sys.executable, "-I", str(Path(__file__).with_name("script_server.py"))],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log_file, text=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log_file,
+            text=True,
+        )
         self._reply()
 
     def _reply(self) -> dict:
@@ -84,8 +120,7 @@ class ScriptRunner:
         """A CompletedProcess for ``script`` run in ``cwd``; TimeoutExpired
         after ``timeout`` seconds, as subprocess.run would raise."""
         out, err = Path(cwd) / f"{Path(script).name}.stdout", Path(cwd) / f"{Path(script).name}.stderr"
-        request = {"script": str(script), "cwd": str(cwd), "stdout": str(out), "stderr": str(err),
-                   "timeout": timeout}
+        request = {"script": str(script), "cwd": str(cwd), "stdout": str(out), "stderr": str(err), "timeout": timeout}
         self._server.stdin.write(json.dumps(request) + "\n")
         self._server.stdin.flush()
         reply = self._reply()

@@ -50,9 +50,17 @@ def planted(name: str):
 
 
 def _program(nodes, state=None, shape=(3, 8), outputs=None):
-    return {"format": FORMAT, "state": state or {}, "methods": {"forward": {
-        "inputs": [{"name": "x", "shape": list(shape), "dtype": "float32"}],
-        "nodes": nodes, "outputs": outputs or [nodes[-1]["id"]]}}}
+    return {
+        "format": FORMAT,
+        "state": state or {},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": list(shape), "dtype": "float32"}],
+                "nodes": nodes,
+                "outputs": outputs or [nodes[-1]["id"]],
+            }
+        },
+    }
 
 
 def _weight(shape, seed, parametrizations=()):
@@ -107,16 +115,35 @@ def _with_relu_output(spec: dict) -> dict:
 
 # (finding, flow, a program containing its cause)
 BROAD = {
-    "XNN-001": ("xnnpack", _program(
-        [{"id": "v0", "op": "addmm", "args": ["x"], "state": "w",
-          "attrs": {"bias_state": "b", "alpha": 2.0, "beta": 0.5}}],
-        {"w": _weight((8, 4), 1), "b": _weight((4,), 2)})),
-    "TORCH-001": ("portable", _program(
-        [{"id": "v0", "op": "linear", "args": ["x"], "state": "w", "attrs": {"bias_state": "b"}}],
-        {"w": _weight((4, 8), 1), "b": _weight((4,), 2, [{"type": "weight_norm", "dim": 0}])})),
-    "COREAI-001": ("coreai", _program(
-        [{"id": "v0", "op": "add", "args": ["x"], "state": "p", "attrs": {"alpha": 2.0}}],
-        {"p": {"kind": "parameter", "shape": [3, 8], "seed": 3}})),
+    "XNN-001": (
+        "xnnpack",
+        _program(
+            [
+                {
+                    "id": "v0",
+                    "op": "addmm",
+                    "args": ["x"],
+                    "state": "w",
+                    "attrs": {"bias_state": "b", "alpha": 2.0, "beta": 0.5},
+                }
+            ],
+            {"w": _weight((8, 4), 1), "b": _weight((4,), 2)},
+        ),
+    ),
+    "TORCH-001": (
+        "portable",
+        _program(
+            [{"id": "v0", "op": "linear", "args": ["x"], "state": "w", "attrs": {"bias_state": "b"}}],
+            {"w": _weight((4, 8), 1), "b": _weight((4,), 2, [{"type": "weight_norm", "dim": 0}])},
+        ),
+    ),
+    "COREAI-001": (
+        "coreai",
+        _program(
+            [{"id": "v0", "op": "add", "args": ["x"], "state": "p", "attrs": {"alpha": 2.0}}],
+            {"p": {"kind": "parameter", "shape": [3, 8], "seed": 3}},
+        ),
+    ),
     "COREAI-003": ("coreai", _repro_spec("coreai_batch_norm2d_no_affine.json")),
     "COREAI-007": ("coreai", _repro_spec("coreai_output_halved.json")),
     "COREAI-006": ("coreai", _repro_spec("coreai_control_flow_keyerror.json")),
@@ -184,7 +211,10 @@ BROAD = {
     "XNN-015b": ("xnnpack", _repro_spec("xnnpack_quantized_single_pixel_shared_pool_averages_channels.json")),
     "XNN-015 (found form)": ("xnnpack", _fixture_spec("xnnpack_quantized_single_pixel_shared_found_form.json")),
     # A quantized Conv1d layer, not a linear, before the float transposed convolution (a second method).
-    "XNN-031 (after a conv1d)": ("xnnpack", _fixture_spec("xnnpack_float_conv_transpose1d_after_quantized_conv1d.json")),
+    "XNN-031 (after a conv1d)": (
+        "xnnpack",
+        _fixture_spec("xnnpack_float_conv_transpose1d_after_quantized_conv1d.json"),
+    ),
     "XNN-032 (layers)": ("xnnpack", _fixture_spec("xnnpack_dynamic_conv_layer_then_linear_layer.json")),
 }
 # Programs torch.export rejects, by a finding's cause. Neutralized, they
@@ -264,8 +294,12 @@ def test_an_export_error_beside_a_known_cause_is_raised_as_new(finding_id, sessi
     _exports_only(spec, monkeypatch)
     with pytest.raises(pipeline.ExportFailed, match="'<' not supported"):
         session.run(spec, [flows.get(flow_name)], "mixed", SINGLE_FLOW, attribute=True)
-    recorded = [flow for path in (session.artifacts.root / "results").glob("*.jsonl")
-                for line in path.read_text().splitlines() for flow in json.loads(line)["flows"]]
+    recorded = [
+        flow
+        for path in (session.artifacts.root / "results").glob("*.jsonl")
+        for line in path.read_text().splitlines()
+        for flow in json.loads(line)["flows"]
+    ]
     assert [(flow["outcome"], flow.get("known")) for flow in recorded] == [("export error", None)]
 
 
@@ -315,18 +349,17 @@ def _node_changes(before: dict, after: dict) -> dict[str, str]:
     for node_id, node in old.items():
         assert (node["op"], node.get("args")) == (new[node_id]["op"], new[node_id].get("args")), node_id
         state, now = node.get("state"), new[node_id].get("state")
-        assert now == state or (now not in before["state"] and after["state"][now] == before["state"][state]), \
-            node_id
+        assert now == state or (now not in before["state"] and after["state"][now] == before["state"][state]), node_id
     for method in before["methods"]:
         assert before["methods"][method]["outputs"] == after["methods"][method]["outputs"]
-    return {node_id: node["op"] for node_id, node in old.items()
-            if node.get("attrs") != new[node_id].get("attrs")}
+    return {node_id: node["op"] for node_id, node in old.items() if node.get("attrs") != new[node_id].get("attrs")}
 
 
 def _specs_to_neutralize():
     specs = [spec for _, spec in [*BROAD.values(), *EXPORT_ERRORS.values()]]
-    specs += [json.loads(path.read_text())["spec"]
-              for path in sorted((known_findings.FINDINGS_DIR / "repros").glob("*.json"))]
+    specs += [
+        json.loads(path.read_text())["spec"] for path in sorted((known_findings.FINDINGS_DIR / "repros").glob("*.json"))
+    ]
     return specs
 
 
@@ -340,18 +373,26 @@ def test_a_neutralization_changes_only_what_its_finding_names(finding):
         assert set(ops.values()) <= named_ops, (finding.id, ops)
         for name in _state_changes(spec["state"], after["state"]):
             before_entry, after_entry = spec["state"][name], after["state"][name]
-            differing = {k for k in before_entry.keys() | after_entry.keys()
-                         if before_entry.get(k) != after_entry.get(k)}
-            assert differing <= {"parametrizations", "kwargs", "mutable", "frozen", "batch_counter_int32"}, \
-                (finding.id, name, differing)
-        top = {key for key in spec.keys() | after.keys()
-               if key not in ("state", "methods") and spec.get(key) != after.get(key)}
+            differing = {
+                k for k in before_entry.keys() | after_entry.keys() if before_entry.get(k) != after_entry.get(k)
+            }
+            assert differing <= {"parametrizations", "kwargs", "mutable", "frozen", "batch_counter_int32"}, (
+                finding.id,
+                name,
+                differing,
+            )
+        top = {
+            key
+            for key in spec.keys() | after.keys()
+            if key not in ("state", "methods") and spec.get(key) != after.get(key)
+        }
         folds = any(rule["rewrite"] == "quantize_folded_weights" for rule in finding.neutralize)
         assert top <= ({"quantization"} if folds else set()), (finding.id, top)
         if top:
             before_q, after_q = spec["quantization"], after["quantization"]
-            assert {k for k in before_q.keys() | after_q.keys() if before_q.get(k) != after_q.get(k)} == \
-                {"fold_computed_weights"}, finding.id
+            assert {k for k in before_q.keys() | after_q.keys() if before_q.get(k) != after_q.get(k)} == {
+                "fold_computed_weights"
+            }, finding.id
         if not changed:
             assert after == spec
 
@@ -363,8 +404,9 @@ def test_inlined_control_flow_computes_the_same_values():
     from etprop.program import builder
 
     spec = _repro_spec("coreai_control_flow_keyerror.json")
-    inlined, changed = neutralize(spec, [{"rewrite": "inline_control_flow", "ops": ["cond", "map", "scan",
-                                                                                    "while_loop"]}])
+    inlined, changed = neutralize(
+        spec, [{"rewrite": "inline_control_flow", "ops": ["cond", "map", "scan", "while_loop"]}]
+    )
     assert changed
     original, rewritten = builder.build(spec), builder.build(inlined)
     for method in original.methods:
@@ -386,14 +428,14 @@ def test_a_predicate_kept_at_its_operands_rank_takes_the_same_branch(inline):
 
 def test_a_layer_reading_its_input_through_float64_computes_the_same_values():
     """XNN-026's neutralization: the cast to float64 and back is exact."""
-    _equivalent_form(_float_repro_spec("xnnpack_float_conv_transpose_reads_dequantized.json"), "XNN-026",
-                     ".double().to(")
+    _equivalent_form(
+        _float_repro_spec("xnnpack_float_conv_transpose_reads_dequantized.json"), "XNN-026", ".double().to("
+    )
 
 
 def test_a_transposed_convolution_whose_result_goes_through_float64_computes_the_same_values():
     """XNN-029's neutralization, in the padded form its repro has: the cast to float64 and back is exact."""
-    _equivalent_form(_repro_spec("xnnpack_float_conv_transpose_quantized_output.json"), "XNN-029",
-                     "via_float64=True)")
+    _equivalent_form(_repro_spec("xnnpack_float_conv_transpose_quantized_output.json"), "XNN-029", "via_float64=True)")
 
 
 @pytest.mark.parametrize("op", ["layer", "conv_transpose1d"])
@@ -402,8 +444,14 @@ def test_plain_transposed_convolutions_whose_result_goes_through_float64_compute
     output padding; only statically quantized programs are rewritten."""
     if op == "layer":
         node = {"id": "v0", "op": "layer", "args": ["x"], "state": "t"}
-        state = {"t": {"kind": "layer", "type": "ConvTranspose1d", "seed": 1, "kwargs": {
-            "in_channels": 4, "out_channels": 8, "kernel_size": 3, "stride": 2, "groups": 4}}}
+        state = {
+            "t": {
+                "kind": "layer",
+                "type": "ConvTranspose1d",
+                "seed": 1,
+                "kwargs": {"in_channels": 4, "out_channels": 8, "kernel_size": 3, "stride": 2, "groups": 4},
+            }
+        }
     else:
         node = {"id": "v0", "op": "conv_transpose1d", "args": ["x"], "state": "w", "attrs": {"stride": 2, "groups": 2}}
         state = {"w": _weight((4, 3, 3), 1)}
@@ -416,18 +464,27 @@ def test_plain_transposed_convolutions_whose_result_goes_through_float64_compute
     _equivalent_form(quantized, "XNN-029", "_via_float64(self." if op == "layer" else "_via_float64(F.")
 
 
-@pytest.mark.parametrize("layer_type, shape, kwargs", [
-    ("Conv1d", (1, 4, 7), {"kernel_size": 3, "padding": 1}),
-    ("Conv1d", (2, 4, 9), {"kernel_size": 4, "padding": 2, "stride": 2, "dilation": 2, "groups": 2}),
-    ("Conv2d", (1, 4, 5, 6), {"kernel_size": [3, 2], "padding": [1, 2], "bias": False}),
-    ("Conv2d", (1, 4, 6, 6), {"kernel_size": 3, "padding": "same", "dilation": [2, 1]}),
-])
+@pytest.mark.parametrize(
+    "layer_type, shape, kwargs",
+    [
+        ("Conv1d", (1, 4, 7), {"kernel_size": 3, "padding": 1}),
+        ("Conv1d", (2, 4, 9), {"kernel_size": 4, "padding": 2, "stride": 2, "dilation": 2, "groups": 2}),
+        ("Conv2d", (1, 4, 5, 6), {"kernel_size": [3, 2], "padding": [1, 2], "bias": False}),
+        ("Conv2d", (1, 4, 6, 6), {"kernel_size": 3, "padding": "same", "dilation": [2, 1]}),
+    ],
+)
 def test_a_circular_padded_convolution_written_out_computes_the_same_values(layer_type, shape, kwargs):
     """COREAI-017's neutralization: the wrapped slices concatenated on, then
     no padding, give exactly the layer's values in bfloat16; a float32
     program keeps its form."""
-    state = {"c": {"kind": "layer", "type": layer_type, "seed": 3,
-                   "kwargs": {"in_channels": 4, "out_channels": 4, "padding_mode": "circular", **kwargs}}}
+    state = {
+        "c": {
+            "kind": "layer",
+            "type": layer_type,
+            "seed": 3,
+            "kwargs": {"in_channels": 4, "out_channels": 4, "padding_mode": "circular", **kwargs},
+        }
+    }
     spec = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "c"}], state, shape=shape)
     rule = list(next(f for f in known_findings.load() if f.id == "COREAI-017").neutralize)
     assert neutralize(spec, rule)[1] == 0, "a float32 program keeps its form"
@@ -463,8 +520,9 @@ def test_frozen_state_keeps_every_value_and_only_stops_autograd():
 
 def test_a_functional_transposed_convolution_reading_its_input_through_float64_computes_the_same_values():
     """XNN-031's neutralization, in the padded form its repro has: the input cast is rendered, the values exact."""
-    _equivalent_form(_repro_spec("xnnpack_float_conv_transpose1d_reads_dequantized_load.json"), "XNN-031",
-                     ".double().to(")
+    _equivalent_form(
+        _repro_spec("xnnpack_float_conv_transpose1d_reads_dequantized_load.json"), "XNN-031", ".double().to("
+    )
 
 
 def test_a_transposed_convolution_read_and_written_through_float64_keeps_both_casts():
@@ -493,8 +551,9 @@ def test_a_functional_convolution_reading_its_input_through_float64_computes_the
     _equivalent_form(spec, "XNN-030", marker)
 
 
-@pytest.mark.parametrize("repro", ["xnnpack_dynamic_conv_same_even_kernel.json",
-                                   "xnnpack_dynamic_conv_layer_same_even_kernel.json"])
+@pytest.mark.parametrize(
+    "repro", ["xnnpack_dynamic_conv_same_even_kernel.json", "xnnpack_dynamic_conv_layer_same_even_kernel.json"]
+)
 def test_same_padding_put_on_explicitly_computes_the_same_values(repro):
     """XNN-019's neutralization, functional and layer: the zeros padded on, then no padding, is exact."""
     _equivalent_form(_repro_spec(repro), "XNN-019", "= _conv_same_padded_explicitly")
@@ -505,17 +564,26 @@ def test_a_convolution_reading_its_input_through_float64_computes_the_same_value
     _equivalent_form(_repro_spec("xnnpack_dynamic_linear_then_conv_shapes.json"), "XNN-030", ".double().to(")
 
 
-@pytest.mark.parametrize("spec", [_repro_spec("xnnpack_dynamic_conv_then_linear_bias.json"),
-                                  _fixture_spec("xnnpack_dynamic_conv_layer_then_linear_layer.json")],
-                         ids=["functional", "layers"])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        _repro_spec("xnnpack_dynamic_conv_then_linear_bias.json"),
+        _fixture_spec("xnnpack_dynamic_conv_layer_then_linear_layer.json"),
+    ],
+    ids=["functional", "layers"],
+)
 def test_a_linear_reading_a_convolution_through_float64_computes_the_same_values(spec):
     """XNN-032's neutralization: the linear's input cast to float64 and back is exact."""
     _equivalent_form(spec, "XNN-032", ".double().to(")
 
 
-@pytest.mark.parametrize("finding_id, repro", [
-    ("COREAI-018", "coreai_dynamic_batch_slice_batch_norm1d.json"),
-    ("COREAI-019", "coreai_dynamic_batch_batch_norm1d_then_transpose.json")])
+@pytest.mark.parametrize(
+    "finding_id, repro",
+    [
+        ("COREAI-018", "coreai_dynamic_batch_slice_batch_norm1d.json"),
+        ("COREAI-019", "coreai_dynamic_batch_batch_norm1d_then_transpose.json"),
+    ],
+)
 def test_a_batch_norm_with_an_int32_counter_computes_the_same_values(finding_id, repro):
     """COREAI-018's and COREAI-019's neutralization: the eval batch norm never
     reads num_batches_tracked, so with the counter in int32 the values are
@@ -526,8 +594,9 @@ def test_a_batch_norm_with_an_int32_counter_computes_the_same_values(finding_id,
 
     spec = _repro_spec(repro)
     _equivalent_form(spec, finding_id, "num_batches_tracked.int()")
-    rewritten = builder.build(neutralize(spec, list(next(
-        f for f in known_findings.load() if f.id == finding_id).neutralize))[0])
+    rewritten = builder.build(
+        neutralize(spec, list(next(f for f in known_findings.load() if f.id == finding_id).neutralize))[0]
+    )
     assert not [b for b in rewritten.module.buffers() if b.dtype == torch.int64]
     assert [b for b in builder.build(spec).module.buffers() if b.dtype == torch.int64]
 
@@ -547,14 +616,17 @@ def test_a_batch_norm_reading_its_input_through_float64_computes_the_same_values
 
 def test_a_batch_norm_whose_output_goes_through_float64_computes_the_same_values():
     """XNN-034's neutralization: the BatchNorm1d's output cast to float64 and back is exact."""
-    _equivalent_form(_repro_spec("xnnpack_quantized_batch_norm1d_then_conv1d_load.json"), "XNN-034", "_via_float64(self.")
+    _equivalent_form(
+        _repro_spec("xnnpack_quantized_batch_norm1d_then_conv1d_load.json"), "XNN-034", "_via_float64(self."
+    )
 
 
 def test_convolutions_reading_copies_of_their_shared_input_compute_the_same_values():
     """XNN-017's neutralization: each convolution of the shared input reads a copy of it."""
     _equivalent_form(_repro_spec("xnnpack_dynamic_conv_shared_input.json"), "XNN-017", "(x.clone()", places=2)
-    _equivalent_form(_fixture_spec("xnnpack_dynamic_conv2d_functional_shared_input.json"), "XNN-017", "(x.clone()",
-                     places=2)
+    _equivalent_form(
+        _fixture_spec("xnnpack_dynamic_conv2d_functional_shared_input.json"), "XNN-017", "(x.clone()", places=2
+    )
 
 
 def test_a_convolution_reading_an_input_alone_or_in_a_statically_quantized_program_keeps_its_form():
@@ -596,15 +668,15 @@ def test_only_a_gemm_with_a_computed_bias_adds_it_after_the_product():
     stored["state"]["w10"].pop("parametrizations")
     after, changed = neutralize(computed, rule)
     assert changed == 1
-    assert [node["op"] for node in after["methods"]["forward"]["nodes"] if node.get("attrs", {}).get("separate_bias")] \
-        == ["addmm"]
+    assert [
+        node["op"] for node in after["methods"]["forward"]["nodes"] if node.get("attrs", {}).get("separate_bias")
+    ] == ["addmm"]
     assert neutralize(stored, rule)[1] == 0
 
 
 def test_a_minimum_reading_its_operand_through_float64_computes_the_same_values():
     """XNN-023's neutralization: the minimum's first operand cast to float64 and back is exact."""
-    _equivalent_form(_repro_spec("xnnpack_quantized_min_static_operand_init_failure.json"), "XNN-023",
-                     ".double().to(")
+    _equivalent_form(_repro_spec("xnnpack_quantized_min_static_operand_init_failure.json"), "XNN-023", ".double().to(")
 
 
 @pytest.mark.parametrize("producer", ["conv1d", "layer:Conv1d"])
@@ -617,8 +689,12 @@ def test_a_batch_norm_after_a_convolution_keeps_its_form(producer):
         spec["state"]["w"] = _weight((2, 2, 1), 4)
         body["nodes"][0] = {"id": "v1", "op": "conv1d", "args": ["x0"], "state": "w"}
     else:
-        spec["state"]["c"] = {"kind": "layer", "type": "Conv1d", "seed": 5,
-                              "kwargs": {"in_channels": 2, "out_channels": 2, "kernel_size": 1}}
+        spec["state"]["c"] = {
+            "kind": "layer",
+            "type": "Conv1d",
+            "seed": 5,
+            "kwargs": {"in_channels": 2, "out_channels": 2, "kernel_size": 1},
+        }
         body["nodes"][0] = {"id": "v1", "op": "layer", "args": ["x0"], "state": "c"}
     rule = list(next(f for f in known_findings.load() if f.id == "XNN-033").neutralize)
     assert neutralize(spec, rule)[1] == 0
@@ -626,8 +702,11 @@ def test_a_batch_norm_after_a_convolution_keeps_its_form(producer):
 
 def test_a_shared_single_pixel_value_through_float64_computes_the_same_values():
     """XNN-015's neutralization: the shared (N, C, 1, 1) value cast to float64 and back is exact."""
-    _equivalent_form(_repro_spec("xnnpack_quantized_single_pixel_shared_pool_averages_channels.json"), "XNN-015",
-                     "v25 = _via_float64(")
+    _equivalent_form(
+        _repro_spec("xnnpack_quantized_single_pixel_shared_pool_averages_channels.json"),
+        "XNN-015",
+        "v25 = _via_float64(",
+    )
 
 
 @pytest.mark.parametrize("change", ["two by one pixels", "read once", "dynamic quantization"])
@@ -662,7 +741,8 @@ def test_spectral_norm_vectors_held_as_parameters_compute_the_same_values():
     assert "vectors_as_parameters=True" in held.source and "vectors_as_parameters=True" not in original.source
     buffers = lambda built: {name for name, _ in built.module.named_buffers()}
     assert any(name.endswith("_v") for name in buffers(original)) and not any(
-        name.endswith(("_u", "_v")) for name in buffers(held))
+        name.endswith(("_u", "_v")) for name in buffers(held)
+    )
     inputs = original.inputs("decode", "normal")
     torch.testing.assert_close(held.eager("decode", inputs), original.eager("decode", inputs), rtol=0, atol=0)
 
@@ -696,8 +776,10 @@ def test_a_bias_per_use_computes_the_same_values():
     layer = {"kind": "layer", "type": "Linear", "seed": 9, "kwargs": {"in_features": 10, "out_features": 10}}
     spec["state"]["l9"] = layer
     nodes = spec["methods"]["forward"]["nodes"]
-    nodes += [{"id": "v8", "op": "layer", "args": ["x0"], "state": "l9"},
-              {"id": "v9", "op": "layer", "args": ["v8"], "state": "l9"}]
+    nodes += [
+        {"id": "v8", "op": "layer", "args": ["x0"], "state": "l9"},
+        {"id": "v9", "op": "layer", "args": ["v8"], "state": "l9"},
+    ]
     spec["methods"]["forward"]["outputs"] = ["v2", "v9"]
     rules = [{"rewrite": "bias_per_use", "ops": ["linear"], "types": ["Linear"]}]
     separate, changed = neutralize(spec, rules)
@@ -781,15 +863,20 @@ def test_nearest_by_index_is_nearest_interpolation(size):
 
     from etprop.program import builder
 
-    spec = _program([{"id": "v0", "op": "interpolate", "args": ["x"], "attrs": {"size": size, "mode": "nearest"}}],
-                    shape=(1, 2, 4, 11))
-    gathered, changed = neutralize(spec, [{"rewrite": "set_attrs", "ops": ["interpolate"], "attrs": {"by_index": True}}])
+    spec = _program(
+        [{"id": "v0", "op": "interpolate", "args": ["x"], "attrs": {"size": size, "mode": "nearest"}}],
+        shape=(1, 2, 4, 11),
+    )
+    gathered, changed = neutralize(
+        spec, [{"rewrite": "set_attrs", "ops": ["interpolate"], "attrs": {"by_index": True}}]
+    )
     assert changed == 1
     original, rewritten = builder.build(spec), builder.build(gathered)
     assert "_nearest_by_index(x, [" in rewritten.source and "_nearest_by_index(x, [" not in original.source
     inputs = original.inputs("forward")
-    torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0], rtol=0, atol=0
+    )
 
 
 @pytest.mark.parametrize("dims", [1, 2])
@@ -805,11 +892,16 @@ def test_average_pools_by_sums_are_the_average_pools(dims):
     pool = "avg_pool2d" if dims == 2 else "avg_pool1d"
     shape = (2, 3, 5, 7) if dims == 2 else (2, 3, 7)
     for kernel, stride, padding, ceil_mode, count_include_pad, divisor in itertools.product(
-            (1, 2, 3), (None, 1, 2, 3), (0, 1), (False, True), (True, False), (None, 3)):
+        (1, 2, 3), (None, 1, 2, 3), (0, 1), (False, True), (True, False), (None, 3)
+    ):
         if 2 * padding > kernel or (divisor and dims == 1):
             continue
-        attrs = {"kernel_size": [kernel] * dims, "padding": [padding] * dims, "ceil_mode": ceil_mode,
-                 "count_include_pad": count_include_pad}
+        attrs = {
+            "kernel_size": [kernel] * dims,
+            "padding": [padding] * dims,
+            "ceil_mode": ceil_mode,
+            "count_include_pad": count_include_pad,
+        }
         attrs.update({"stride": [stride] * dims} if stride else {})
         attrs.update({"divisor_override": divisor} if divisor else {})
         spec = _program([{"id": "v0", "op": pool, "args": ["x"], "attrs": attrs}], shape=shape)
@@ -818,8 +910,13 @@ def test_average_pools_by_sums_are_the_average_pools(dims):
         original, rewritten = builder.build(spec), builder.build(by_sums)
         assert "_avg_pool_by_sums(x" in rewritten.source
         inputs = original.inputs("forward")
-        torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
-                                   rtol=1e-6, atol=1e-6, msg=str(attrs))
+        torch.testing.assert_close(
+            rewritten.eager("forward", inputs)[0],
+            original.eager("forward", inputs)[0],
+            rtol=1e-6,
+            atol=1e-6,
+            msg=str(attrs),
+        )
 
 
 def test_a_method_holding_a_transposed_convolution_is_exported_at_its_example_shapes():
@@ -829,15 +926,32 @@ def test_a_method_holding_a_transposed_convolution_is_exported_at_its_example_sh
 
     from etprop.program import builder
 
-    layer = {"kind": "layer", "type": "ConvTranspose1d", "seed": 2,
-             "kwargs": {"in_channels": 4, "out_channels": 2, "kernel_size": 3, "stride": 2, "bias": False}}
+    layer = {
+        "kind": "layer",
+        "type": "ConvTranspose1d",
+        "seed": 2,
+        "kwargs": {"in_channels": 4, "out_channels": 2, "kernel_size": 3, "stride": 2, "bias": False},
+    }
     dynamic = [[0, 1, 4]]
-    spec = {"format": FORMAT, "state": {"l1": layer}, "methods": {
-        "forward": {"inputs": [{"name": "x", "shape": [2, 4, 5], "dtype": "float32", "dynamic": dynamic}],
-                    "nodes": [{"id": "v0", "op": "relu", "args": ["x"]},
-                              {"id": "v1", "op": "layer", "args": ["v0"], "state": "l1"}], "outputs": ["v1"]},
-        "other": {"inputs": [{"name": "x", "shape": [2, 4, 5], "dtype": "float32", "dynamic": dynamic}],
-                  "nodes": [{"id": "v0", "op": "relu", "args": ["x"]}], "outputs": ["v0"]}}}
+    spec = {
+        "format": FORMAT,
+        "state": {"l1": layer},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 4, 5], "dtype": "float32", "dynamic": dynamic}],
+                "nodes": [
+                    {"id": "v0", "op": "relu", "args": ["x"]},
+                    {"id": "v1", "op": "layer", "args": ["v0"], "state": "l1"},
+                ],
+                "outputs": ["v1"],
+            },
+            "other": {
+                "inputs": [{"name": "x", "shape": [2, 4, 5], "dtype": "float32", "dynamic": dynamic}],
+                "nodes": [{"id": "v0", "op": "relu", "args": ["x"]}],
+                "outputs": ["v0"],
+            },
+        },
+    }
     rules = next(f for f in known_findings.load() if f.id == "COREAI-016").neutralize
     written, changed = neutralize(spec, list(rules))
     assert changed == 1
@@ -845,11 +959,17 @@ def test_a_method_holding_a_transposed_convolution_is_exported_at_its_example_sh
     assert written["methods"]["other"]["inputs"][0]["dynamic"] == dynamic
     original, rewritten = builder.build(spec), builder.build(written)
     inputs = original.inputs("forward")
-    torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
-                               rtol=0, atol=0)
+    torch.testing.assert_close(
+        rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0], rtol=0, atol=0
+    )
     functional = copy.deepcopy(spec)
-    functional["methods"]["forward"]["nodes"][1] = {"id": "v1", "op": "conv_transpose1d", "args": ["v0"],
-                                                     "state": "w1", "attrs": {"stride": 2}}
+    functional["methods"]["forward"]["nodes"][1] = {
+        "id": "v1",
+        "op": "conv_transpose1d",
+        "args": ["v0"],
+        "state": "w1",
+        "attrs": {"stride": 2},
+    }
     functional["state"] = {"w1": {"kind": "weight", "shape": [4, 2, 3], "seed": 3, "scale": 0.3}}
     assert neutralize(functional, list(rules))[1] == 1
     assert neutralize(_program([{"id": "v0", "op": "relu", "args": ["x"]}]), list(rules))[1] == 0
@@ -862,8 +982,10 @@ def test_stride_written_out_is_the_default_stride():
 
     from etprop.program import builder
 
-    nodes = [{"id": "v0", "op": "avg_pool2d", "args": ["x"], "attrs": {"kernel_size": [3, 2], "padding": [1, 1]}},
-             {"id": "v1", "op": "avg_pool2d", "args": ["x"], "attrs": {"kernel_size": 2, "stride": 1}}]
+    nodes = [
+        {"id": "v0", "op": "avg_pool2d", "args": ["x"], "attrs": {"kernel_size": [3, 2], "padding": [1, 1]}},
+        {"id": "v1", "op": "avg_pool2d", "args": ["x"], "attrs": {"kernel_size": 2, "stride": 1}},
+    ]
     spec = _program(nodes, shape=(1, 2, 7, 6), outputs=["v0", "v1"])
     rule = {"rewrite": "copy_attrs", "ops": ["avg_pool2d"], "copy": {"stride": "kernel_size"}}
     written, changed = neutralize(spec, [rule])
@@ -875,15 +997,44 @@ def test_stride_written_out_is_the_default_stride():
         torch.testing.assert_close(got, expected, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("layer_type, kwargs, shape", [
-    ("ConvTranspose2d", {"in_channels": 6, "out_channels": 6, "kernel_size": [2, 3], "stride": [1, 2],
-                         "padding": [0, 0], "output_padding": [1, 0], "dilation": [2, 2], "groups": 6, "bias": False},
-     (1, 6, 1, 1)),
-    ("ConvTranspose2d", {"in_channels": 2, "out_channels": 4, "kernel_size": 3, "stride": 2, "padding": 1,
-                         "output_padding": 1}, (2, 2, 5, 4)),
-    ("ConvTranspose1d", {"in_channels": 3, "out_channels": 2, "kernel_size": 2, "stride": 3, "padding": 1,
-                         "output_padding": 2, "dilation": 2}, (1, 3, 6)),
-])
+@pytest.mark.parametrize(
+    "layer_type, kwargs, shape",
+    [
+        (
+            "ConvTranspose2d",
+            {
+                "in_channels": 6,
+                "out_channels": 6,
+                "kernel_size": [2, 3],
+                "stride": [1, 2],
+                "padding": [0, 0],
+                "output_padding": [1, 0],
+                "dilation": [2, 2],
+                "groups": 6,
+                "bias": False,
+            },
+            (1, 6, 1, 1),
+        ),
+        (
+            "ConvTranspose2d",
+            {"in_channels": 2, "out_channels": 4, "kernel_size": 3, "stride": 2, "padding": 1, "output_padding": 1},
+            (2, 2, 5, 4),
+        ),
+        (
+            "ConvTranspose1d",
+            {
+                "in_channels": 3,
+                "out_channels": 2,
+                "kernel_size": 2,
+                "stride": 3,
+                "padding": 1,
+                "output_padding": 2,
+                "dilation": 2,
+            },
+            (1, 3, 6),
+        ),
+    ],
+)
 @pytest.mark.parametrize("by_cat", [False, True], ids=["padded", "concatenated"])
 def test_conv_transpose_layer_padded_output_is_the_layer(layer_type, kwargs, shape, by_cat):
     """XNN-013's equivalent form for a ConvTranspose layer: its full result
@@ -895,29 +1046,37 @@ def test_conv_transpose_layer_padded_output_is_the_layer(layer_type, kwargs, sha
 
     state = {"l": {"kind": "layer", "type": layer_type, "kwargs": kwargs, "seed": 4}}
     spec = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "l"}], state=state, shape=shape)
-    rule = {"rewrite": "set_attrs", "ops": ["layer"], "types": ["ConvTranspose1d", "ConvTranspose2d"],
-            "attrs": {"pad_output": True, "pad_by_cat": by_cat}}
+    rule = {
+        "rewrite": "set_attrs",
+        "ops": ["layer"],
+        "types": ["ConvTranspose1d", "ConvTranspose2d"],
+        "attrs": {"pad_output": True, "pad_by_cat": by_cat},
+    }
     padded, changed = neutralize(spec, [rule])
     assert changed == 1
     original, rewritten = builder.build(spec), builder.build(padded)
     assert f"_conv_transpose_output_padded(self.l, x{', by_cat=True' if by_cat else ''})" in rewritten.source
     inputs = original.inputs("forward")
-    torch.testing.assert_close(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
-                               rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(
+        rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0], rtol=1e-6, atol=1e-6
+    )
 
 
 _GROUP_NORM = ("GroupNorm", "two_pass", "_group_norm_two_pass(self.n, x)")
 _LAYER_NORM = ("LayerNorm", "layer_norm_two_pass", "_norm_two_pass(self.n, x, ('LayerNorm',))")
 
 
-@pytest.mark.parametrize("norm, kwargs, shape", [
-    (_GROUP_NORM, {"num_groups": 5, "num_channels": 5, "eps": 1e-3, "affine": False}, (3, 5, 1)),
-    (_GROUP_NORM, {"num_groups": 2, "num_channels": 6, "eps": 1e-5, "affine": True}, (2, 6, 4, 3)),
-    (_GROUP_NORM, {"num_groups": 1, "num_channels": 4, "eps": 1e-5, "affine": True}, (2, 4, 7)),
-    (_LAYER_NORM, {"normalized_shape": [2], "eps": 1e-3, "elementwise_affine": False}, (1, 1, 10, 2)),
-    (_LAYER_NORM, {"normalized_shape": [4, 3], "eps": 1e-5, "elementwise_affine": True}, (2, 5, 4, 3)),
-    (_LAYER_NORM, {"normalized_shape": [6], "eps": 1e-5, "elementwise_affine": True, "bias": False}, (3, 6)),
-])
+@pytest.mark.parametrize(
+    "norm, kwargs, shape",
+    [
+        (_GROUP_NORM, {"num_groups": 5, "num_channels": 5, "eps": 1e-3, "affine": False}, (3, 5, 1)),
+        (_GROUP_NORM, {"num_groups": 2, "num_channels": 6, "eps": 1e-5, "affine": True}, (2, 6, 4, 3)),
+        (_GROUP_NORM, {"num_groups": 1, "num_channels": 4, "eps": 1e-5, "affine": True}, (2, 4, 7)),
+        (_LAYER_NORM, {"normalized_shape": [2], "eps": 1e-3, "elementwise_affine": False}, (1, 1, 10, 2)),
+        (_LAYER_NORM, {"normalized_shape": [4, 3], "eps": 1e-5, "elementwise_affine": True}, (2, 5, 4, 3)),
+        (_LAYER_NORM, {"normalized_shape": [6], "eps": 1e-5, "elementwise_affine": True, "bias": False}, (3, 6)),
+    ],
+)
 def test_two_pass_norm_is_the_norm(norm, kwargs, shape):
     """KERNELS-003's (GroupNorm) and KERNELS-005's (LayerNorm) equivalent forms
     match the layer; each rule leaves every other layer as it is."""
@@ -926,35 +1085,56 @@ def test_two_pass_norm_is_the_norm(norm, kwargs, shape):
     from etprop.program import builder
 
     layer_type, attr, rendered = norm
-    spec = _program([{"id": "v0", "op": "layer", "args": ["x"], "state": "n"}],
-                    {"n": {"kind": "layer", "type": layer_type, "seed": 3, "kwargs": kwargs}}, shape=shape)
+    spec = _program(
+        [{"id": "v0", "op": "layer", "args": ["x"], "state": "n"}],
+        {"n": {"kind": "layer", "type": layer_type, "seed": 3, "kwargs": kwargs}},
+        shape=shape,
+    )
     rule = {"rewrite": "set_attrs", "ops": ["layer"], "attrs": {attr: True}}
     rewritten, changed = neutralize(spec, [rule])
     assert changed == 1
     original, twin = builder.build(spec), builder.build(rewritten)
     assert rendered in twin.source
     inputs = original.inputs("forward")
-    torch.testing.assert_close(twin.eager("forward", inputs)[0], original.eager("forward", inputs)[0],
-                               rtol=1e-5, atol=1e-5)
-    others = [("Linear", {"in_features": 8, "out_features": 3}, (3, 8)),
-              ("GroupNorm", {"num_groups": 2, "num_channels": 4}, (2, 4, 3)),
-              ("LayerNorm", {"normalized_shape": [3]}, (2, 4, 3))]
+    torch.testing.assert_close(
+        twin.eager("forward", inputs)[0], original.eager("forward", inputs)[0], rtol=1e-5, atol=1e-5
+    )
+    others = [
+        ("Linear", {"in_features": 8, "out_features": 3}, (3, 8)),
+        ("GroupNorm", {"num_groups": 2, "num_channels": 4}, (2, 4, 3)),
+        ("LayerNorm", {"normalized_shape": [3]}, (2, 4, 3)),
+    ]
     for other, other_kwargs, other_shape in others:
         if other == layer_type:
             continue
-        untouched = builder.build(neutralize(_program(
-            [{"id": "v0", "op": "layer", "args": ["x"], "state": "n"}],
-            {"n": {"kind": "layer", "type": other, "seed": 3, "kwargs": other_kwargs}}, shape=other_shape), [rule])[0])
+        untouched = builder.build(
+            neutralize(
+                _program(
+                    [{"id": "v0", "op": "layer", "args": ["x"], "state": "n"}],
+                    {"n": {"kind": "layer", "type": other, "seed": 3, "kwargs": other_kwargs}},
+                    shape=other_shape,
+                ),
+                [rule],
+            )[0]
+        )
         x = untouched.inputs("forward")[0]
         torch.testing.assert_close(untouched.eager("forward", (x,))[0], untouched.module.n(x), rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("op, weight, shape, attrs", [
-    ("conv_transpose2d", [10, 2, 3, 1], (1, 10, 2, 3), {"stride": [1, 3], "dilation": [2, 1], "output_padding": [1, 1]}),
-    ("conv_transpose2d", [4, 3, 2, 2], (2, 4, 3, 3), {"stride": 2, "output_padding": 1, "padding": 1}),
-    ("conv_transpose1d", [4, 2, 3], (2, 4, 5), {"stride": 1, "dilation": 3, "output_padding": 2}),
-    ("conv_transpose2d", [4, 2, 3, 3], (1, 4, 4, 4), {"stride": 3, "padding": [2, 1], "output_padding": [2, 1]}),
-])
+@pytest.mark.parametrize(
+    "op, weight, shape, attrs",
+    [
+        (
+            "conv_transpose2d",
+            [10, 2, 3, 1],
+            (1, 10, 2, 3),
+            {"stride": [1, 3], "dilation": [2, 1], "output_padding": [1, 1]},
+        ),
+        ("conv_transpose2d", [4, 3, 2, 2], (2, 4, 3, 3), {"stride": 2, "output_padding": 1, "padding": 1}),
+        ("conv_transpose1d", [4, 2, 3], (2, 4, 5), {"stride": 1, "dilation": 3, "output_padding": 2}),
+        ("conv_transpose2d", [4, 2, 3, 3], (1, 4, 4, 4), {"stride": 3, "padding": [2, 1], "output_padding": [2, 1]}),
+    ],
+)
 @pytest.mark.parametrize("by_cat", [False, True], ids=["padded", "concatenated"])
 def test_output_padding_as_appended_zeros_is_the_transposed_convolution(op, weight, shape, attrs, by_cat):
     """XNN-013's equivalent form gives exactly the transposed convolution, bias
@@ -964,12 +1144,22 @@ def test_output_padding_as_appended_zeros_is_the_transposed_convolution(op, weig
 
     from etprop.program import builder
 
-    rule = {"rewrite": "set_attrs", "ops": ["conv_transpose1d", "conv_transpose2d"], "having": ["output_padding"],
-            "attrs": {"pad_output": True, "pad_by_cat": by_cat}}
+    rule = {
+        "rewrite": "set_attrs",
+        "ops": ["conv_transpose1d", "conv_transpose2d"],
+        "having": ["output_padding"],
+        "attrs": {"pad_output": True, "pad_by_cat": by_cat},
+    }
     state = {"w": _weight(weight, 1), "b": _weight([weight[1]], 2)}
-    spec = _program([{"id": "v0", "op": op, "args": ["x"], "state": "w", "attrs": {**attrs, "bias_state": "b"}},
-                     {"id": "v1", "op": op, "args": ["x"], "state": "w", "attrs": {"bias_state": "b"}}],
-                    state, shape=shape, outputs=["v0", "v1"])
+    spec = _program(
+        [
+            {"id": "v0", "op": op, "args": ["x"], "state": "w", "attrs": {**attrs, "bias_state": "b"}},
+            {"id": "v1", "op": op, "args": ["x"], "state": "w", "attrs": {"bias_state": "b"}},
+        ],
+        state,
+        shape=shape,
+        outputs=["v0", "v1"],
+    )
     rewritten, changed = neutralize(spec, [rule])
     assert changed == 1
     original, twin = builder.build(spec), builder.build(rewritten)
@@ -990,8 +1180,11 @@ def test_a_neutralized_spec_that_does_not_export_leaves_the_failure_new(session,
     result = session.run(spec, [flows.get(flow_name)], "mixed", SINGLE_FLOW, attribute=True)
     (flow_result,) = result.results
     assert flow_result.outcome.is_failure and flow_result.known is None
-    recorded = [json.loads(line) for path in (session.artifacts.root / "results").glob("*.jsonl")
-                for line in path.read_text().splitlines()]
+    recorded = [
+        json.loads(line)
+        for path in (session.artifacts.root / "results").glob("*.jsonl")
+        for line in path.read_text().splitlines()
+    ]
     assert recorded and all(flow["outcome"] != "export error" for line in recorded for flow in line["flows"])
 
 
@@ -1006,10 +1199,15 @@ def test_each_finding_alone_is_lowered_once_for_every_flow_of_an_example(session
 
     mismatch = Verdict.failed("eager equivalence", "3 / 8 elements differ", Outcome.MISMATCH)
 
-    found = [known_findings.Finding(id=name, title="", flows=("a", "b", "c"), outcome="mismatch",
-                                    pattern="elements differ", repro="") for name in ("F1", "F2", "F3")]
-    monkeypatch.setattr(known_findings, "neutralized",
-                        lambda spec, chosen: (dict(spec, neutralized=[f.id for f in chosen]), 1))
+    found = [
+        known_findings.Finding(
+            id=name, title="", flows=("a", "b", "c"), outcome="mismatch", pattern="elements differ", repro=""
+        )
+        for name in ("F1", "F2", "F3")
+    ]
+    monkeypatch.setattr(
+        known_findings, "neutralized", lambda spec, chosen: (dict(spec, neutralized=[f.id for f in chosen]), 1)
+    )
     runs = []
 
     def run(spec, flows, prop, oracles, worker=None, record_export_failure=True):
@@ -1021,8 +1219,10 @@ def test_each_finding_alone_is_lowered_once_for_every_flow_of_an_example(session
     monkeypatch.setattr(session, "_run", run)
     failing = FlowResult("a", Outcome.MISMATCH, [mismatch])
     alone_runs: dict = {}
-    named = [session._which({"format": FORMAT}, [], "mixed", [], index, failing, found, alone_runs, None)
-             for index in range(3)]
+    named = [
+        session._which({"format": FORMAT}, [], "mixed", [], index, failing, found, alone_runs, None)
+        for index in range(3)
+    ]
     assert named == ["F2", "F2", "F2"]
     assert runs == [["F1"], ["F2"]]
 
@@ -1035,12 +1235,16 @@ def test_the_most_specific_nominated_cause_is_tried_first(session, monkeypatch):
     from etprop.verdicts.outcomes import Outcome
 
     def finding(name, **conditions):
-        return known_findings.Finding(id=name, title="", flows=("a",), outcome="mismatch", pattern="differ",
-                                      repro="", **conditions)
+        return known_findings.Finding(
+            id=name, title="", flows=("a",), outcome="mismatch", pattern="differ", repro="", **conditions
+        )
 
-    found = [finding("broad"), finding("op", ops=("addmm", "mm")), finding("op-attr", ops=("addmm",),
-                                                                           attrs=("alpha",)),
-             finding("quantized", quantized_computed_weight=True)]
+    found = [
+        finding("broad"),
+        finding("op", ops=("addmm", "mm")),
+        finding("op-attr", ops=("addmm",), attrs=("alpha",)),
+        finding("quantized", quantized_computed_weight=True),
+    ]
     monkeypatch.setattr(known_findings, "neutralized", lambda spec, chosen: (dict(spec, n=chosen[0].id), 1))
     tried = []
 
@@ -1053,7 +1257,11 @@ def test_the_most_specific_nominated_cause_is_tried_first(session, monkeypatch):
     assert session._which({"format": FORMAT}, [], "mixed", [], 0, failing, found, {}, None) == "quantized"
     assert tried == ["quantized"]
     assert [f.id for f in sorted(found, key=lambda f: f.specificity, reverse=True)] == [
-        "quantized", "op-attr", "op", "broad"]
+        "quantized",
+        "op-attr",
+        "op",
+        "broad",
+    ]
 
 
 def test_a_flow_built_on_a_backend_is_nominated_that_backends_findings(monkeypatch):
@@ -1064,8 +1272,7 @@ def test_a_flow_built_on_a_backend_is_nominated_that_backends_findings(monkeypat
 
     renamed = "test-renamed-xnnpack"
     flows.all_flows()
-    monkeypatch.setitem(_REGISTRY, renamed, dataclasses.replace(flows.get("xnnpack"), name=renamed,
-                                                                baseline="xnnpack"))
+    monkeypatch.setitem(_REGISTRY, renamed, dataclasses.replace(flows.get("xnnpack"), name=renamed, baseline="xnnpack"))
     flow_name, spec = BROAD["XNN-001"]
     finding = next(f for f in known_findings.load() if f.id == "XNN-001")
     message = "[eager equivalence] FAILED (mismatch): 3 / 8 elements differ"
@@ -1074,12 +1281,16 @@ def test_a_flow_built_on_a_backend_is_nominated_that_backends_findings(monkeypat
     assert finding not in known_findings.nominate("portable", "mismatch", message, spec)
 
 
-@pytest.mark.parametrize("repro_name, attrs, rendered, exact, norms", [
-    ("torchao_pt2e_grouped_conv_transpose_batch_norm.json", {"input_copy": True}, "clone()", True, 1),
-    ("xnnpack_fuse_batch_norm_grouped_conv_transpose.json", {"by_hand": True}, "_batch_norm_by_hand(", False, 2),
-])
-def test_a_batch_norm_read_through_a_copy_or_written_out_computes_the_same_values(repro_name, attrs, rendered,
-                                                                                  exact, norms):
+@pytest.mark.parametrize(
+    "repro_name, attrs, rendered, exact, norms",
+    [
+        ("torchao_pt2e_grouped_conv_transpose_batch_norm.json", {"input_copy": True}, "clone()", True, 1),
+        ("xnnpack_fuse_batch_norm_grouped_conv_transpose.json", {"by_hand": True}, "_batch_norm_by_hand(", False, 2),
+    ],
+)
+def test_a_batch_norm_read_through_a_copy_or_written_out_computes_the_same_values(
+    repro_name, attrs, rendered, exact, norms
+):
     """The neutralizations of TORCHAO-008 and XNN-022: a copy changes no
     value; the batch norm as arithmetic changes values only by rounding."""
     import torch
@@ -1095,8 +1306,11 @@ def test_a_batch_norm_read_through_a_copy_or_written_out_computes_the_same_value
     assert changed == norms and rendered in builder.build(copied).source
     original, rewritten = builder.build(spec), builder.build(copied)
     tolerance = {"rtol": 0, "atol": 0} if exact else {}
-    for left, right in zip(original.eager("forward", original.inputs("forward")),
-                           rewritten.eager("forward", rewritten.inputs("forward")), strict=True):
+    for left, right in zip(
+        original.eager("forward", original.inputs("forward")),
+        rewritten.eager("forward", rewritten.inputs("forward")),
+        strict=True,
+    ):
         torch.testing.assert_close(left, right, **tolerance)
 
 
@@ -1109,19 +1323,37 @@ def test_a_rewrite_can_be_narrowed_to_what_follows_an_op_and_to_program_dtypes()
     from etprop.program.spec import FORMAT
 
     def program(first_op, dtype):
-        return {"format": FORMAT, "dtype": dtype,
-                "state": {"n": {"kind": "layer", "type": "BatchNorm1d", "kwargs": {"num_features": 4}, "seed": 1}},
-                "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 4, 3], "dtype": dtype}], "nodes": [
-                    {"id": "v1", "op": first_op, "args": ["x"]},
-                    {"id": "v2", "op": "layer", "args": ["v1"], "state": "n"}], "outputs": ["v2"]}}}
+        return {
+            "format": FORMAT,
+            "dtype": dtype,
+            "state": {"n": {"kind": "layer", "type": "BatchNorm1d", "kwargs": {"num_features": 4}, "seed": 1}},
+            "methods": {
+                "forward": {
+                    "inputs": [{"name": "x", "shape": [2, 4, 3], "dtype": dtype}],
+                    "nodes": [
+                        {"id": "v1", "op": first_op, "args": ["x"]},
+                        {"id": "v2", "op": "layer", "args": ["v1"], "state": "n"},
+                    ],
+                    "outputs": ["v2"],
+                }
+            },
+        }
 
-    after_rule = {"rewrite": "set_attrs", "ops": ["layer"], "attrs": {"by_hand": True},
-                  "after": ["conv_transpose1d", "relu"]}
+    after_rule = {
+        "rewrite": "set_attrs",
+        "ops": ["layer"],
+        "attrs": {"by_hand": True},
+        "after": ["conv_transpose1d", "relu"],
+    }
     assert neutralize(program("relu", "float32"), [after_rule])[1] == 1
     assert neutralize(program("tanh", "float32"), [after_rule])[1] == 0
     after_layer = program("layer", "float32")
-    after_layer["state"]["c"] = {"kind": "layer", "type": "ConvTranspose1d", "seed": 2,
-                                 "kwargs": {"in_channels": 4, "out_channels": 4, "kernel_size": 1}}
+    after_layer["state"]["c"] = {
+        "kind": "layer",
+        "type": "ConvTranspose1d",
+        "seed": 2,
+        "kwargs": {"in_channels": 4, "out_channels": 4, "kernel_size": 1},
+    }
     after_layer["methods"]["forward"]["nodes"][0]["state"] = "c"
     layer_rule = dict(after_rule, after=["layer:ConvTranspose1d"])
     assert neutralize(after_layer, [layer_rule])[1] == 1, "a layer is named by its type"
@@ -1139,10 +1371,20 @@ def test_a_rewrite_can_be_narrowed_to_layers_built_with_given_arguments():
     def norm(affine, seed):
         return {"kind": "layer", "type": "BatchNorm1d", "kwargs": {"num_features": 4, "affine": affine}, "seed": seed}
 
-    spec = {"format": FORMAT, "state": {"plain": norm(False, 1), "affine": norm(True, 2)},
-            "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 4, 3], "dtype": "float32"}], "nodes": [
-                {"id": "v1", "op": "layer", "args": ["x"], "state": "plain"},
-                {"id": "v2", "op": "layer", "args": ["x"], "state": "affine"}], "outputs": ["v1", "v2"]}}}
+    spec = {
+        "format": FORMAT,
+        "state": {"plain": norm(False, 1), "affine": norm(True, 2)},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 4, 3], "dtype": "float32"}],
+                "nodes": [
+                    {"id": "v1", "op": "layer", "args": ["x"], "state": "plain"},
+                    {"id": "v2", "op": "layer", "args": ["x"], "state": "affine"},
+                ],
+                "outputs": ["v1", "v2"],
+            }
+        },
+    }
     (rule,) = next(f for f in known_findings.load() if f.id == "XNN-027").neutralize
     rewritten, changed = neutralize(spec, [rule])
     assert changed == 1
@@ -1161,17 +1403,32 @@ def test_campaigns_run_most_drawn_programs_with_known_causes_removed():
     from etprop.verdicts import session as sessionmod
 
     def batch_norm(seed):
-        return {"format": FORMAT, "dtype": "float16",
-                "state": {"n": {"kind": "layer", "type": "BatchNorm2d", "kwargs": {"num_features": 3}, "seed": seed}},
-                "methods": {"forward": {"inputs": [{"name": "x", "shape": [1, 3, 2, 2], "dtype": "float16"}],
-                                        "nodes": [{"id": "v1", "op": "layer", "args": ["x"], "state": "n"}],
-                                        "outputs": ["v1"]}}}
+        return {
+            "format": FORMAT,
+            "dtype": "float16",
+            "state": {"n": {"kind": "layer", "type": "BatchNorm2d", "kwargs": {"num_features": 3}, "seed": seed}},
+            "methods": {
+                "forward": {
+                    "inputs": [{"name": "x", "shape": [1, 3, 2, 2], "dtype": "float16"}],
+                    "nodes": [{"id": "v1", "op": "layer", "args": ["x"], "state": "n"}],
+                    "outputs": ["v1"],
+                }
+            },
+        }
 
     rewritten, applied = known_findings.campaign_neutralization(batch_norm(1), ["xnnpack"])
     assert applied == ["XNN-024"] and rewritten["methods"]["forward"]["nodes"][0]["attrs"] == {"by_hand": True}
-    adds = {"format": FORMAT, "state": {}, "methods": {"forward": {
-        "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
-        "nodes": [{"id": "v1", "op": "add", "args": ["x", "x"], "attrs": {"alpha": 2.0}}], "outputs": ["v1"]}}}
+    adds = {
+        "format": FORMAT,
+        "state": {},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
+                "nodes": [{"id": "v1", "op": "add", "args": ["x", "x"], "attrs": {"alpha": 2.0}}],
+                "outputs": ["v1"],
+            }
+        },
+    }
     rewritten, applied = known_findings.campaign_neutralization(adds, ["portable"])
     assert applied == ["KERNELS-001"] and "alpha" not in rewritten["methods"]["forward"]["nodes"][0]["attrs"]
     assert known_findings.equivalent_neutralization(adds, ["portable"]) == (adds, [])
@@ -1189,19 +1446,30 @@ def test_a_removal_that_no_longer_computes_keeps_only_the_equivalent_forms(monke
     from etprop.program import builder
     from etprop.program.spec import FORMAT
 
-    adds = {"format": FORMAT, "state": {}, "methods": {"forward": {
-        "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
-        "nodes": [{"id": "v1", "op": "add", "args": ["x", "x"], "attrs": {"alpha": 2.0}}], "outputs": ["v1"]}}}
+    adds = {
+        "format": FORMAT,
+        "state": {},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
+                "nodes": [{"id": "v1", "op": "add", "args": ["x", "x"], "attrs": {"alpha": 2.0}}],
+                "outputs": ["v1"],
+            }
+        },
+    }
     monkeypatch.setattr(builder, "computes", lambda spec, float_only=False: "alpha" in json.dumps(spec))
     assert known_findings.campaign_neutralization(adds, ["portable"]) == (adds, [])
 
 
-@pytest.mark.parametrize("shape, attrs", [
-    ((1, 2, 2, 1), {"size": [3, 1]}),
-    ((1, 2, 6, 1), {"scale_factor": 1.5}),
-    ((1, 2, 6, 3), {"size": [4, 3]}),
-    ((1, 2, 3, 1), {"size": [5, 4]}),
-])
+@pytest.mark.parametrize(
+    "shape, attrs",
+    [
+        ((1, 2, 2, 1), {"size": [3, 1]}),
+        ((1, 2, 6, 1), {"scale_factor": 1.5}),
+        ((1, 2, 6, 3), {"size": [4, 3]}),
+        ((1, 2, 3, 1), {"size": [5, 4]}),
+    ],
+)
 def test_an_antialiased_resize_widened_gives_the_values_of_a_wider_input(shape, attrs):
     """TORCH-002's neutralization: at widths other than a kept 1 it is the
     plain interpolate; at a kept width of 1 it gives the column ATen computes
@@ -1212,8 +1480,9 @@ def test_an_antialiased_resize_widened_gives_the_values_of_a_wider_input(shape, 
     from etprop.program import builder
 
     attrs = {"mode": "bilinear", "antialias": True, **attrs}
-    spec = _program([{"id": "v0", "op": "interpolate", "args": ["x"], "attrs": {**attrs, "antialias_widened": True}}],
-                    {}, shape)
+    spec = _program(
+        [{"id": "v0", "op": "interpolate", "args": ["x"], "attrs": {**attrs, "antialias_widened": True}}], {}, shape
+    )
     built = builder.build(spec)
     x = built.inputs("forward")[0]
     (got,) = built.eager("forward", (x,))
@@ -1231,8 +1500,11 @@ def _effective_weights(spec: dict) -> dict:
     from etprop.program import builder
 
     module = builder.build(spec).module
-    return {name: getattr(module, name).weight.detach().clone() for name, entry in spec["state"].items()
-            if entry["kind"] == "weight"}
+    return {
+        name: getattr(module, name).weight.detach().clone()
+        for name, entry in spec["state"].items()
+        if entry["kind"] == "weight"
+    }
 
 
 def test_repeated_scales_merge_into_one_with_the_same_weight_bit_for_bit():
@@ -1240,12 +1512,17 @@ def test_repeated_scales_merge_into_one_with_the_same_weight_bit_for_bit():
     only the weight scaled 2.0, 0.5, 2.0 (now one scale 2.0) and the weight
     scaled 0.5 then by a buffer (now the buffer stored times 0.5) change, and
     every weight keeps its value exactly."""
-    import torch
     from pathlib import Path
 
-    spec = json.loads((Path(__file__).parent / "fixtures" / "coreai_repeated_scale_memory_crash.json").read_text())["spec"]
+    import torch
+
+    spec = json.loads((Path(__file__).parent / "fixtures" / "coreai_repeated_scale_memory_crash.json").read_text())[
+        "spec"
+    ]
     (finding,) = [f for f in known_findings.load() if f.id == "COREAI-004b"]
-    after, changed = neutralize(spec, [rule for rule in finding.neutralize if rule["rewrite"] == "merge_repeated_scales"])
+    after, changed = neutralize(
+        spec, [rule for rule in finding.neutralize if rule["rewrite"] == "merge_repeated_scales"]
+    )
     assert changed == 2
     assert _state_changes(spec["state"], after["state"]) == {"w6", "w9"}
     assert after["state"]["w6"]["parametrizations"] == [{"factor": 2.0, "type": "scale"}]
@@ -1254,20 +1531,39 @@ def test_repeated_scales_merge_into_one_with_the_same_weight_bit_for_bit():
     assert all(torch.equal(before_values[name], after_values[name]) for name in before_values)
 
 
-@pytest.mark.parametrize("every_chain, steps, merged", [
-    (False, [("scale", -1.0), ("buffer_scale", 7), ("scale", -1.0)], [("buffer_scale", 7)]),
-    (False, [("scale", 2.0), ("scale", 2.0), ("add_delta", 3), ("scale", 0.5)], [("scale", 4.0), ("add_delta", 3),
-                                                                               ("scale", 0.5)]),
-    (False, [("scale", 2.0), ("add_delta", 3), ("scale", 2.0)], None),
-    (False, [("scale", 2.0), ("scale", 0.5)], None),
-    (True, [("scale", 0.5), ("buffer_scale", 7), ("scale", 2.0)], [("buffer_scale", 7)]),
-    (True, [("scale", 2.0), ("scale", -4.0), ("add_delta", 3), ("scale", 0.5)], [("scale", -8.0), ("add_delta", 3),
-                                                                                ("scale", 0.5)]),
-    (True, [("buffer_scale", 7), ("scale", -2.0), ("add_delta", 3), ("scale", 0.5)],
-     [("buffer_scale", (7, -2.0)), ("add_delta", 3), ("scale", 0.5)]),
-], ids=["across a buffer scale, product 1", "a run before an added delta", "apart by an added delta",
-        "distinct factors", "every chain: distinct factors, product 1", "every chain: a run of distinct factors",
-        "every chain: a scale after a buffer goes into the buffer"])
+@pytest.mark.parametrize(
+    "every_chain, steps, merged",
+    [
+        (False, [("scale", -1.0), ("buffer_scale", 7), ("scale", -1.0)], [("buffer_scale", 7)]),
+        (
+            False,
+            [("scale", 2.0), ("scale", 2.0), ("add_delta", 3), ("scale", 0.5)],
+            [("scale", 4.0), ("add_delta", 3), ("scale", 0.5)],
+        ),
+        (False, [("scale", 2.0), ("add_delta", 3), ("scale", 2.0)], None),
+        (False, [("scale", 2.0), ("scale", 0.5)], None),
+        (True, [("scale", 0.5), ("buffer_scale", 7), ("scale", 2.0)], [("buffer_scale", 7)]),
+        (
+            True,
+            [("scale", 2.0), ("scale", -4.0), ("add_delta", 3), ("scale", 0.5)],
+            [("scale", -8.0), ("add_delta", 3), ("scale", 0.5)],
+        ),
+        (
+            True,
+            [("buffer_scale", 7), ("scale", -2.0), ("add_delta", 3), ("scale", 0.5)],
+            [("buffer_scale", (7, -2.0)), ("add_delta", 3), ("scale", 0.5)],
+        ),
+    ],
+    ids=[
+        "across a buffer scale, product 1",
+        "a run before an added delta",
+        "apart by an added delta",
+        "distinct factors",
+        "every chain: distinct factors, product 1",
+        "every chain: a run of distinct factors",
+        "every chain: a scale after a buffer goes into the buffer",
+    ],
+)
 def test_only_scales_repeating_a_factor_between_multiplications_are_merged(every_chain, steps, merged):
     """Without ``every_chain`` only a run that repeats a factor merges; with
     it (COREAI-004's rule since its shared-factor form) every run does, into
@@ -1285,8 +1581,9 @@ def test_only_scales_repeating_a_factor_between_multiplications_are_merged(every
                 steps.append({"type": kind, "seed": value})
         return steps
 
-    spec = _program([{"id": "v0", "op": "linear", "args": ["x"], "state": "w"}],
-                    {"w": _weight((4, 8), 1, parametrizations(steps))})
+    spec = _program(
+        [{"id": "v0", "op": "linear", "args": ["x"], "state": "w"}], {"w": _weight((4, 8), 1, parametrizations(steps))}
+    )
     after, changed = neutralize(spec, [{"rewrite": "merge_repeated_scales", "every_chain": every_chain}])
     assert changed == (merged is not None)
     assert after["state"]["w"]["parametrizations"] == parametrizations(merged if merged is not None else steps)
@@ -1302,13 +1599,19 @@ def test_a_gemms_scalars_move_into_its_weights_with_the_same_values_bit_for_bit(
 
     from etprop.program import builder
 
-    attrs = {"bias_state": "b", **({"alpha": alpha} if alpha is not None else {}),
-             **({"beta": beta} if beta is not None else {})}
-    spec = _program([{"id": "v0", "op": "addmm", "args": ["x"], "state": "w", "attrs": attrs},
-                     {"id": "v1", "op": "linear", "args": ["x"], "state": "w2", "attrs": {"bias_state": "b"}},
-                     {"id": "v2", "op": "add", "args": ["v0", "v1"]}],
-                    {"w": _weight((8, 6), 1, [{"type": "scale", "factor": -1.0}]), "b": _weight((6,), 2),
-                     "w2": _weight((6, 8), 3)})
+    attrs = {
+        "bias_state": "b",
+        **({"alpha": alpha} if alpha is not None else {}),
+        **({"beta": beta} if beta is not None else {}),
+    }
+    spec = _program(
+        [
+            {"id": "v0", "op": "addmm", "args": ["x"], "state": "w", "attrs": attrs},
+            {"id": "v1", "op": "linear", "args": ["x"], "state": "w2", "attrs": {"bias_state": "b"}},
+            {"id": "v2", "op": "add", "args": ["v0", "v1"]},
+        ],
+        {"w": _weight((8, 6), 1, [{"type": "scale", "factor": -1.0}]), "b": _weight((6,), 2), "w2": _weight((6, 8), 3)},
+    )
     rules = next(f for f in known_findings.load() if f.id == "COREAI-004").neutralize
     written, changed = neutralize(spec, list(rules))
     gemm = written["methods"]["forward"]["nodes"][0]
@@ -1319,15 +1622,27 @@ def test_a_gemms_scalars_move_into_its_weights_with_the_same_values_bit_for_bit(
     original, rewritten = builder.build(spec), builder.build(written)
     inputs = original.inputs("forward")
     assert torch.equal(rewritten.eager("forward", inputs)[0], original.eager("forward", inputs)[0])
-    assert neutralize(_program([{"id": "v0", "op": "addmm", "args": ["x"], "state": "w",
-                                 "attrs": {"bias_state": "b", "beta": 0.0}}],
-                               {"w": _weight((8, 6), 1), "b": _weight((6,), 2)}), list(rules))[1] == 0
+    assert (
+        neutralize(
+            _program(
+                [{"id": "v0", "op": "addmm", "args": ["x"], "state": "w", "attrs": {"bias_state": "b", "beta": 0.0}}],
+                {"w": _weight((8, 6), 1), "b": _weight((6,), 2)},
+            ),
+            list(rules),
+        )[1]
+        == 0
+    )
 
 
-@pytest.mark.parametrize("fixture", ["coreai_repeated_scale_memory_crash.json",
-                                     "coreai_scale_chain_shared_factor_crash.json",
-                                     "coreai_gemm_scalar_chain_crash.json",
-                                     "coreai_buffer_scale_chain_crash.json"])
+@pytest.mark.parametrize(
+    "fixture",
+    [
+        "coreai_repeated_scale_memory_crash.json",
+        "coreai_scale_chain_shared_factor_crash.json",
+        "coreai_gemm_scalar_chain_crash.json",
+        "coreai_buffer_scale_chain_crash.json",
+    ],
+)
 def test_the_campaigns_core_ai_memory_crash_passes_with_repeated_scales_merged(session, fixture):
     """The other half of attributing those crashes to COREAI-004b (a crash
     itself takes 90 s and 8 GiB, so it is shown in the finding's note, not

@@ -22,13 +22,16 @@ FLOW = "xnnpack"
 
 
 def _finding(name: str) -> known_findings.Finding:
-    return known_findings.Finding(id=name, title="", flows=(FLOW,), outcome="mismatch",
-                                  pattern="elements differ", repro="")
+    return known_findings.Finding(
+        id=name, title="", flows=(FLOW,), outcome="mismatch", pattern="elements differ", repro=""
+    )
 
 
 def _mismatch(output: int) -> FlowResult:
-    message = f"[eager equivalence] FAILED (mismatch): method 'forward', default inputs: output {output} (3, 8): " \
-              f"5 / 24 elements differ"
+    message = (
+        f"[eager equivalence] FAILED (mismatch): method 'forward', default inputs: output {output} (3, 8): "
+        f"5 / 24 elements differ"
+    )
     return FlowResult(FLOW, Outcome.MISMATCH, [Verdict.failed("eager equivalence", message, Outcome.MISMATCH)])
 
 
@@ -47,18 +50,21 @@ class Model:
         return {"causes": sorted(self.findings), "planted": self.planted}
 
     def nominate(self, flow, outcome, message, spec=None):
-        return [f for name, f in self.findings.items() if name in spec["causes"]
-                and outcome == f.outcome and re.search(f.pattern, message)]
+        return [
+            f
+            for name, f in self.findings.items()
+            if name in spec["causes"] and outcome == f.outcome and re.search(f.pattern, message)
+        ]
 
     def neutralized(self, spec, chosen):
         causes = [c for c in spec["causes"] if c not in {f.id for f in chosen}]
         every_one_gone = not causes and len(chosen) == len(self.findings)
-        return {"causes": causes, "planted": spec["planted"] and not every_one_gone}, \
-            len(spec["causes"]) - len(causes)
+        return {"causes": causes, "planted": spec["planted"] and not every_one_gone}, len(spec["causes"]) - len(causes)
 
     def result(self, spec) -> ExampleResult:
-        spoiled = sorted({self.wrong[c] for c in spec["causes"] if c in self.wrong}
-                         | ({0} if spec["planted"] else set()))
+        spoiled = sorted(
+            {self.wrong[c] for c in spec["causes"] if c in self.wrong} | ({0} if spec["planted"] else set())
+        )
         flow = _mismatch(spoiled[0]) if spoiled else FlowResult(FLOW, Outcome.PASS, [])
         return ExampleResult("mixed", spec, [flow])
 
@@ -79,8 +85,7 @@ def session(tmp_path):
 
 
 @pytest.mark.parametrize("causes", [3, 10])
-def test_a_new_fault_beside_several_causes_that_only_their_joint_rewrite_removes_is_new(causes, session,
-                                                                                         monkeypatch):
+def test_a_new_fault_beside_several_causes_that_only_their_joint_rewrite_removes_is_new(causes, session, monkeypatch):
     """Every cause is in the program but spoils nothing the oracle reports
     first; the planted fault goes only when all are rewritten at once."""
     findings = [_finding(f"F{i}") for i in range(causes)]

@@ -20,29 +20,44 @@ SLOW = str(ROOT / "tests" / "fixtures" / "slow_flows.py")
 
 
 def etprop(*args, timeout=900, **kwargs):
-    return subprocess.run([sys.executable, "-m", "etprop.commands.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT, **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "etprop.commands.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=ROOT,
+        **kwargs,
+    )
 
 
 def test_unknown_flow_is_one_line_naming_the_fix():
     result = etprop("fuzz", "--flows", "nope")
     assert result.returncode == 2
     assert result.stderr.strip().splitlines() == [
-        "etprop: error: unknown flow 'nope'; known flows: " + result.stderr.split("known flows: ")[1].strip()]
+        "etprop: error: unknown flow 'nope'; known flows: " + result.stderr.split("known flows: ")[1].strip()
+    ]
     assert "--flow-module" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("content, message", [
-    ("{\"format\": \"etprop-repro/1\", \"spec\": {", "not valid JSON"),
-    ("{\"format\": \"something-else\"}", "is not an etprop repro"),
-    ("{\"format\": \"etprop-repro/1\", \"flows\": [\"xnnpack\"], \"property\": \"mixed\", "
-     "\"spec\": {\"format\": \"etprop-spec/1\", \"state\": {}, \"methods\": {\"forward\": {\"inputs\": [], "
-     "\"nodes\": [{\"id\": \"v\", \"op\": \"warp\", \"args\": []}], \"outputs\": [\"v\"]}}}}", "unknown op 'warp'"),
-    ("{\"format\": \"etprop-repro/1\", \"flows\": [\"nope\"], \"property\": \"mixed\", "
-     "\"spec\": {\"format\": \"etprop-spec/1\", \"state\": {}, \"methods\": {\"forward\": {\"inputs\": "
-     "[{\"name\": \"x\", \"shape\": [1], \"dtype\": \"float32\"}], \"nodes\": [], \"outputs\": [\"x\"]}}}}",
-     "unknown flow 'nope'"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        ('{"format": "etprop-repro/1", "spec": {', "not valid JSON"),
+        ('{"format": "something-else"}', "is not an etprop repro"),
+        (
+            '{"format": "etprop-repro/1", "flows": ["xnnpack"], "property": "mixed", '
+            '"spec": {"format": "etprop-spec/1", "state": {}, "methods": {"forward": {"inputs": [], '
+            '"nodes": [{"id": "v", "op": "warp", "args": []}], "outputs": ["v"]}}}}',
+            "unknown op 'warp'",
+        ),
+        (
+            '{"format": "etprop-repro/1", "flows": ["nope"], "property": "mixed", '
+            '"spec": {"format": "etprop-spec/1", "state": {}, "methods": {"forward": {"inputs": '
+            '[{"name": "x", "shape": [1], "dtype": "float32"}], "nodes": [], "outputs": ["x"]}}}}',
+            "unknown flow 'nope'",
+        ),
+    ],
+)
 def test_bad_repro_files_get_one_line_errors(tmp_path, content, message):
     path = tmp_path / "bad.json"
     path.write_text(content)
@@ -52,8 +67,8 @@ def test_bad_repro_files_get_one_line_errors(tmp_path, content, message):
 
 
 def test_repro_exits_nonzero_while_the_defect_is_present(tmp_path, make_linear_relu_spec):
-    from etprop.verdicts import repro
     from etprop import flows
+    from etprop.verdicts import repro
 
     flows.load_flow_module(BROKEN)
     repros, artifacts = tmp_path / "repros", str(tmp_path / "artifacts")
@@ -61,8 +76,7 @@ def test_repro_exits_nonzero_while_the_defect_is_present(tmp_path, make_linear_r
     broken = etprop("repro", "--flow-module", BROKEN, str(path), "--artifacts", artifacts)
     assert broken.returncode == 1, broken.stdout + broken.stderr
     assert "verdict: still failing" in broken.stdout
-    script = subprocess.run([sys.executable, str(path.with_suffix(".py"))], capture_output=True, text=True,
-                            timeout=600)
+    script = subprocess.run([sys.executable, str(path.with_suffix(".py"))], capture_output=True, text=True, timeout=600)
     assert script.returncode == 1 and "VERDICT: mismatch" in script.stdout
     fine = repro.write(repros / "ok.json", make_linear_relu_spec(), ["portable"], "mixed", "mismatch")
     fixed = etprop("repro", str(fine), "--artifacts", artifacts)
@@ -72,12 +86,32 @@ def test_repro_exits_nonzero_while_the_defect_is_present(tmp_path, make_linear_r
 
 
 def test_gate_passes_for_a_flow_against_itself_and_fails_a_broken_candidate(tmp_path):
-    same = etprop("gate", "--baseline", "portable", "--candidate", "portable", "--examples", "1",
-                  "--artifacts", str(tmp_path / "same"))
+    same = etprop(
+        "gate",
+        "--baseline",
+        "portable",
+        "--candidate",
+        "portable",
+        "--examples",
+        "1",
+        "--artifacts",
+        str(tmp_path / "same"),
+    )
     assert same.returncode == 0, same.stdout[-3000:]
     assert "VERDICT: PASS" in same.stdout
-    broken = etprop("gate", "--flow-module", BROKEN, "--baseline", "portable", "--candidate", "test-broken-weights",
-                    "--examples", "1", "--artifacts", str(tmp_path / "broken"))
+    broken = etprop(
+        "gate",
+        "--flow-module",
+        BROKEN,
+        "--baseline",
+        "portable",
+        "--candidate",
+        "test-broken-weights",
+        "--examples",
+        "1",
+        "--artifacts",
+        str(tmp_path / "broken"),
+    )
     assert broken.returncode == 1, broken.stdout[-3000:]
     assert "VERDICT: FAIL" in broken.stdout and "test-broken-weights" in broken.stdout
 
@@ -92,22 +126,42 @@ def test_a_campaign_shrinks_places_and_reports_its_defect(tmp_path):
     # shard 0's (a mutable buffer fed from a parameter), also meet real
     # defects (a lowering error, EXIR-002), which a test flow inherits from no
     # recorded finding, where this test wants only the planted one.
-    result = etprop("fuzz", "--flow-module", BROKEN, "--flows", "test-broken-weights", "--examples", "2",
-                    "--properties", "mixed_programs", "--workers", "1", "--minutes", "10", "--shard", "1/2",
-                    "--artifacts", str(artifacts), env={**os.environ, "ETPROP_SIZES": "property"})
+    result = etprop(
+        "fuzz",
+        "--flow-module",
+        BROKEN,
+        "--flows",
+        "test-broken-weights",
+        "--examples",
+        "2",
+        "--properties",
+        "mixed_programs",
+        "--workers",
+        "1",
+        "--minutes",
+        "10",
+        "--shard",
+        "1/2",
+        "--artifacts",
+        str(artifacts),
+        env={**os.environ, "ETPROP_SIZES": "property"},
+    )
     assert result.returncode == 1, result.stdout[-3000:] + result.stderr[-3000:]
     records = Summary.load(artifacts).records
-    assert len(records) == 2 and all(r["flows"][0]["outcome"] == "mismatch" for r in records), \
+    assert len(records) == 2 and all(r["flows"][0]["outcome"] == "mismatch" for r in records), (
         "the property stopped at its first failure"
+    )
     assert {(r["item"], r["share"]) for r in records} == {
-        ("test_single_method.py::test_mixed_programs[test-broken-weights]", 1)}
+        ("test_single_method.py::test_mixed_programs[test-broken-weights]", 1)
+    }
     assert json.loads((artifacts / "collected.json").read_text()) == {
-        "test_single_method.py::test_mixed_programs[test-broken-weights]": 1}, "selected items only"
+        "test_single_method.py::test_mixed_programs[test-broken-weights]": 1
+    }, "selected items only"
     (defect,) = list((artifacts / "defects").glob("*/defect.json"))
     shrunk = repro.read(defect.parent / "shrunk.json")
     assert shrunk["shrink"]["one_minimal"] and shrunk["shrink"]["nodes"] < shrunk["shrink"]["nodes_before"]
     assert (defect.parent / "draft.md").read_text().startswith("# test-broken-weights backend: mismatch")
-    summary = result.stdout[result.stdout.index("examples; "):]
+    summary = result.stdout[result.stdout.index("examples; ") :]
     assert "1 defect(s) shrunk and placed, 0 failure group(s) queued" in summary
     assert summary.index("[test-broken-weights backend]") < summary.index("property x flow: outcomes")
     assert "issue draft" in (artifacts / "reports" / "report.html").read_text()
@@ -118,17 +172,31 @@ def test_a_campaign_ends_within_its_budget_when_an_example_never_finishes(tmp_pa
     and lowering workers, and left pending; the report is still written."""
     artifacts = tmp_path / "a"
     began = time.time()
-    result = etprop("fuzz", "--flow-module", SLOW, "--flows", "test-never-finishes", "--minutes", "0.75",
-                    "--properties", "mixed_programs", "--workers", "2", "--artifacts", str(artifacts), timeout=300)
+    result = etprop(
+        "fuzz",
+        "--flow-module",
+        SLOW,
+        "--flows",
+        "test-never-finishes",
+        "--minutes",
+        "0.75",
+        "--properties",
+        "mixed_programs",
+        "--workers",
+        "2",
+        "--artifacts",
+        str(artifacts),
+        timeout=300,
+    )
     elapsed = time.time() - began
     assert elapsed < 45 + 15, f"the campaign took {elapsed:.0f} s of a 45 s budget\n" + result.stdout[-2000:]
     assert "stopped at the end of the budget" in result.stdout, result.stdout[-3000:] + result.stderr[-2000:]
-    assert list((artifacts / "pending").glob("*.json")), \
-        "the example under way was not left pending"
+    assert list((artifacts / "pending").glob("*.json")), "the example under way was not left pending"
     assert (artifacts / "reports" / "summary.md").exists()
     time.sleep(1)
-    assert not _processes_with_env(f"ETPROP_ARTIFACTS={artifacts.resolve()}"), \
+    assert not _processes_with_env(f"ETPROP_ARTIFACTS={artifacts.resolve()}"), (
         "processes of the stopped round are still running"
+    )
 
 
 def test_a_round_that_outlasts_the_budget_leaves_the_triage_share(tmp_path):
@@ -136,10 +204,24 @@ def test_a_round_that_outlasts_the_budget_leaves_the_triage_share(tmp_path):
     finishes) moves the round's end earlier, so shrinking still gets its share."""
     artifacts = tmp_path / "a"
     began = time.time()
-    result = etprop("fuzz", "--flow-module", BROKEN, "--flow-module", SLOW,
-                    "--flows", "test-broken-weights,test-never-finishes",
-                    "--minutes", "1.5", "--properties", "mixed_programs", "--workers", "2",
-                    "--artifacts", str(artifacts), timeout=400)
+    result = etprop(
+        "fuzz",
+        "--flow-module",
+        BROKEN,
+        "--flow-module",
+        SLOW,
+        "--flows",
+        "test-broken-weights,test-never-finishes",
+        "--minutes",
+        "1.5",
+        "--properties",
+        "mixed_programs",
+        "--workers",
+        "2",
+        "--artifacts",
+        str(artifacts),
+        timeout=400,
+    )
     elapsed = time.time() - began
     assert elapsed < 90 + 15, f"the campaign took {elapsed:.0f} s of a 90 s budget\n" + result.stdout[-2000:]
     assert "stopped to leave the triage share of the budget" in result.stdout, result.stdout[-3000:]
@@ -170,7 +252,7 @@ def test_budget_left_after_triage_goes_back_to_exploring(tmp_path, monkeypatch):
     monkeypatch.setattr(campaign.coverage, "stored", lambda folder: ([], set()))
     campaign.Campaign(["portable"], 0.75, 0, 1, (0, 1), tmp_path / "a").run()
     assert events.count("triage") == 1 and events[0] == "round"
-    assert "round" in events[events.index("triage"):], "no exploration after triage ended early"
+    assert "round" in events[events.index("triage") :], "no exploration after triage ended early"
 
 
 def _processes_with_env(entry: str) -> list[int]:
@@ -196,8 +278,10 @@ def redis_url(tmp_path):
     if server is None:
         pytest.skip("redis-server is not installed (.ci/run installs it: apt-get install redis-server)")
     port = _free_port()
-    process = subprocess.Popen([server, "--port", str(port), "--bind", "127.0.0.1", "--save", "",
-                                "--dir", str(tmp_path)], stdout=subprocess.DEVNULL)
+    process = subprocess.Popen(
+        [server, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+    )
     import redis
 
     client = redis.Redis(port=port)
@@ -214,21 +298,43 @@ def redis_url(tmp_path):
 
 def test_two_fuzz_processes_share_one_redis_database(tmp_path, redis_url):
     """Shard 0 finds a failure and stores it; shard 1 (other seeds) replays it first."""
-    common = ["fuzz", "--flow-module", BROKEN, "--flows", "test-broken-weights", "--examples", "1",
-              "--properties", "mixed_programs", "--no-shrink", "--db", redis_url, "--minutes", "10",
-              "--workers", "1"]
+    common = [
+        "fuzz",
+        "--flow-module",
+        BROKEN,
+        "--flows",
+        "test-broken-weights",
+        "--examples",
+        "1",
+        "--properties",
+        "mixed_programs",
+        "--no-shrink",
+        "--db",
+        redis_url,
+        "--minutes",
+        "10",
+        "--workers",
+        "1",
+    ]
     first = etprop(*common, "--shard", "0/2", "--artifacts", str(tmp_path / "a"))
     assert first.returncode == 1, first.stdout[-2000:]
     second = etprop(*common, "--shard", "1/2", "--artifacts", str(tmp_path / "b"))
     assert second.returncode == 1, second.stdout[-2000:]
-    digests = [{json.loads(line)["digest"] for p in (tmp_path / d / "results").glob("*.jsonl")
-                for line in p.read_text().splitlines()} for d in ("a", "b")]
+    digests = [
+        {
+            json.loads(line)["digest"]
+            for p in (tmp_path / d / "results").glob("*.jsonl")
+            for line in p.read_text().splitlines()
+        }
+        for d in ("a", "b")
+    ]
     import redis
 
     assert any(key.startswith(b"etprop:") for key in redis.Redis.from_url(redis_url).keys())
     first_failure = json.loads((tmp_path / "a" / "repros" / "mixed--test-broken-weights--mismatch.json").read_text())
-    assert any(d == _digest(first_failure["spec"]) for d in digests[1]), \
+    assert any(d == _digest(first_failure["spec"]) for d in digests[1]), (
         "shard 1 did not replay the failure shard 0 stored"
+    )
 
 
 def _digest(spec):
@@ -239,20 +345,50 @@ def _digest(spec):
 
 def _results(tmp_path) -> Path:
     lines = [
-        {"property": "mixed", "digest": "a", "ops": ["linear", "relu"], "nodes": 2, "seconds": 1.0,
-         "executorch_seconds": 0.9, "repro": None,
-         "flows": [{"flow": "xnnpack", "outcome": "pass", "known": None, "message": ""}]},
-        {"property": "mixed", "digest": "b", "ops": ["addmm"], "nodes": 1, "seconds": 1.0,
-         "executorch_seconds": 0.9, "repro": "repros/mixed--xnnpack--mismatch.json",
-         "flows": [{"flow": "xnnpack", "outcome": "mismatch", "known": None, "message": "output 0 <differs>"}]},
-        {"property": "quantized", "digest": "c", "ops": ["layer"], "nodes": 1, "seconds": 2.0,
-         "executorch_seconds": 1.5, "repro": None, "quantization": "dynamic_per_channel",
-         "item": "test_quantized.py::test_differential_quantized[xnnpack-dynamic_per_channel]", "share": 3,
-         "flows": [{"flow": "xnnpack", "outcome": "pass", "known": None, "message": "",
-                    "quantized_patterns": {"linear": [2, 2], "conv2d": [0, 1]}}]},
+        {
+            "property": "mixed",
+            "digest": "a",
+            "ops": ["linear", "relu"],
+            "nodes": 2,
+            "seconds": 1.0,
+            "executorch_seconds": 0.9,
+            "repro": None,
+            "flows": [{"flow": "xnnpack", "outcome": "pass", "known": None, "message": ""}],
+        },
+        {
+            "property": "mixed",
+            "digest": "b",
+            "ops": ["addmm"],
+            "nodes": 1,
+            "seconds": 1.0,
+            "executorch_seconds": 0.9,
+            "repro": "repros/mixed--xnnpack--mismatch.json",
+            "flows": [{"flow": "xnnpack", "outcome": "mismatch", "known": None, "message": "output 0 <differs>"}],
+        },
+        {
+            "property": "quantized",
+            "digest": "c",
+            "ops": ["layer"],
+            "nodes": 1,
+            "seconds": 2.0,
+            "executorch_seconds": 1.5,
+            "repro": None,
+            "quantization": "dynamic_per_channel",
+            "item": "test_quantized.py::test_differential_quantized[xnnpack-dynamic_per_channel]",
+            "share": 3,
+            "flows": [
+                {
+                    "flow": "xnnpack",
+                    "outcome": "pass",
+                    "known": None,
+                    "message": "",
+                    "quantized_patterns": {"linear": [2, 2], "conv2d": [0, 1]},
+                }
+            ],
+        },
     ]
     (tmp_path / "results").mkdir()
-    (tmp_path / "results" / "w.jsonl").write_text("\n".join(json.dumps(l) for l in lines) + "\n{cut")
+    (tmp_path / "results" / "w.jsonl").write_text("\n".join(json.dumps(line) for line in lines) + "\n{cut")
     return tmp_path
 
 
@@ -261,7 +397,8 @@ def test_progress_line_counts_examples_per_flow_failures_and_rate(tmp_path):
 
     summary = Summary.load(_results(tmp_path))
     assert progress_line(summary, 120.0, 1800.0) == (
-        "[  120s / 1800s] 3 examples (1.5/min); flow results: xnnpack 3; 1 new failing, 0 known-finding hits")
+        "[  120s / 1800s] 3 examples (1.5/min); flow results: xnnpack 3; 1 new failing, 0 known-finding hits"
+    )
 
 
 def test_an_item_no_round_reached_is_least_served_at_zero(tmp_path):
@@ -301,21 +438,39 @@ def test_reports_show_which_combinations_of_the_drawable_space_were_reached(tmp_
     from etprop.strategies import coverage_corpus as coverage
 
     _results(tmp_path)
-    record = {"property": "coverage", "digest": "d", "ops": ["softmax"], "nodes": 1, "seconds": 1.0,
-              "executorch_seconds": 0.9, "repro": None, "coverage": ["softmax [float32]", "softmax dim=-1 [float32]"],
-              "flows": [{"flow": "xnnpack", "outcome": "pass", "known": None, "message": ""}]}
+    record = {
+        "property": "coverage",
+        "digest": "d",
+        "ops": ["softmax"],
+        "nodes": 1,
+        "seconds": 1.0,
+        "executorch_seconds": 0.9,
+        "repro": None,
+        "coverage": ["softmax [float32]", "softmax dim=-1 [float32]"],
+        "flows": [{"flow": "xnnpack", "outcome": "pass", "known": None, "message": ""}],
+    }
     with open(tmp_path / "results" / "x.jsonl", "w") as handle:
         handle.write(json.dumps(record) + "\n")
-    wanted = [["softmax", "", "", "float32"], ["softmax", "dim", "-1", "float32"], ["softmax", "dim", "0", "float16"],
-              ["cond", "", "", "float32"]]
+    wanted = [
+        ["softmax", "", "", "float32"],
+        ["softmax", "dim", "-1", "float32"],
+        ["softmax", "dim", "0", "float16"],
+        ["cond", "", "", "float32"],
+    ]
     path = coverage.stored_path(tmp_path / "coverage")
     path.parent.mkdir()
     path.write_text(json.dumps({"programs": [], "wanted": wanted}))
     summary = Summary.load(tmp_path)
     text = summary.text()
-    assert "coverage: 2 of the 4 combinations (op, argument value, dtype) the coverage corpus's pool reaches (50%)" in text
+    assert (
+        "coverage: 2 of the 4 combinations (op, argument value, dtype) the coverage corpus's pool reaches (50%)" in text
+    )
     assert "not reached (2 of 2; all in coverage.json): cond [float32]; softmax dim=0 [float16]" in text
-    assert ("kind: arguments", 1, 2) in summary.coverage_rows() and ("kind: control flow", 0, 1) in summary.coverage_rows()
+    assert ("kind: arguments", 1, 2) in summary.coverage_rows() and (
+        "kind: control flow",
+        0,
+        1,
+    ) in summary.coverage_rows()
     assert ("dtype: float32", 2, 3) in summary.coverage_rows()
     paths = write_reports(summary, tmp_path / "reports")
     assert "| kind: ops | 1 | 1 |" in paths[0].read_text()
@@ -328,10 +483,25 @@ def test_html_report_renders_in_headless_chromium(tmp_path):
         pytest.skip("chromium is not installed (.ci/run installs it: apt-get install chromium)")
     _, html_path = write_reports(Summary.load(_results(tmp_path)), tmp_path / "reports")
     shot = tmp_path / "report.png"
-    subprocess.run([chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                    f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1000,800",
-                    html_path.as_uri()], capture_output=True, timeout=120)
+    subprocess.run(
+        [
+            chromium,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={tmp_path / 'profile'}",
+            f"--screenshot={shot}",
+            "--window-size=1000,800",
+            html_path.as_uri(),
+        ],
+        capture_output=True,
+        timeout=120,
+    )
     assert shot.exists() and shot.stat().st_size > 10_000
     from PIL import Image
 
@@ -352,9 +522,17 @@ def test_a_program_a_campaign_already_judged_is_not_judged_again(tmp_path, monke
     from etprop.verdicts.session import Session
 
     monkeypatch.setenv("ETPROP_RECORD_ONLY", "1")
-    spec = {"format": "etprop-spec/1", "state": {}, "methods": {"forward": {
-        "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
-        "nodes": [{"id": "v0", "op": "relu", "args": ["x"]}], "outputs": ["v0"]}}}
+    spec = {
+        "format": "etprop-spec/1",
+        "state": {},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
+                "nodes": [{"id": "v0", "op": "relu", "args": ["x"]}],
+                "outputs": ["v0"],
+            }
+        },
+    }
     ran = []
 
     def one_round():
@@ -443,8 +621,10 @@ def _round_order(monkeypatch, tmp_path, items, round_index, served=None):
         served_file.write_text(json.dumps(served))
     values = {"etprop_round": round_index, "etprop_served": served_file and str(served_file)}
     deselected = []
-    config = SimpleNamespace(getoption=lambda name, default=None: values.get(name),
-                             hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)))
+    config = SimpleNamespace(
+        getoption=lambda name, default=None: values.get(name),
+        hook=SimpleNamespace(pytest_deselected=lambda items: deselected.extend(items)),
+    )
     items = list(items)
     pytest_plugin.pytest_collection_modifyitems(config, items)
     assert not {item.nodeid for item in items} & {item.nodeid for item in deselected}
@@ -505,8 +685,9 @@ def test_another_campaign_seed_draws_other_programs(tmp_path):
     def seeds(*extra):
         args = cli.build_parser().parse_args(["fuzz", "--flows", "portable", "--artifacts", str(tmp_path), *extra])
         run = campaign.Campaign.from_args(args)
-        return [next(arg for arg in run._pytest_command(index, 1) if arg.startswith("--etprop-seed="))
-                for index in range(3)]
+        return [
+            next(arg for arg in run._pytest_command(index, 1) if arg.startswith("--etprop-seed=")) for index in range(3)
+        ]
 
     default = seeds()
     assert default == seeds("--seed", "0") and len(set(default)) == 3

@@ -29,8 +29,8 @@ from etprop.candidates.coreai_multifunction import (  # noqa: E402
     upstream_has_multifunction,
 )
 from etprop.lowering.coreai_runtime import CoreAIProgram, bundle_files, coreai_delegates  # noqa: E402
-from etprop.oracles import shared_cache  # noqa: E402
 from etprop.lowering.pipeline import Lowering  # noqa: E402
+from etprop.oracles import shared_cache  # noqa: E402
 
 FLOW = flows.get("coreai+multifunction")
 STOCK = flows.get("coreai")
@@ -70,9 +70,12 @@ def lower(methods, partitioner, context):
 
     with context:
         exported = {name: torch.export.export(module, args) for name, (module, args) in methods.items()}
-        edge = to_edge_transform_and_lower(exported, partitioner=partitioner,
-                                           transform_passes=get_default_passes(),
-                                           compile_config=get_default_compile_config())
+        edge = to_edge_transform_and_lower(
+            exported,
+            partitioner=partitioner,
+            transform_passes=get_default_passes(),
+            compile_config=get_default_compile_config(),
+        )
         return edge.to_executorch()
 
 
@@ -125,8 +128,9 @@ def broken():
 @pytest.fixture(scope="module")
 def option_off(shared):
     """The add-on installed, the option off: must be the stock lowering."""
-    return lower(_methods(shared.module, WIDTH), [CoreAIMultifunctionPartitioner(multifunction=False)],
-                 install_multifunction())
+    return lower(
+        _methods(shared.module, WIDTH), [CoreAIMultifunctionPartitioner(multifunction=False)], install_multifunction()
+    )
 
 
 def test_flow_is_registered():
@@ -192,22 +196,25 @@ def test_option_off_is_stock(shared, option_off):
     files_off, files_stock = bundle_files(option_off), bundle_files(shared.stock)
     for key in files_stock:
         # metadata.json carries a creation timestamp (findings/coreai-bundle-hash-nondeterminism.md).
-        assert {k: v for k, v in files_off[key].items() if not k.endswith("metadata.json")} == \
-               {k: v for k, v in files_stock[key].items() if not k.endswith("metadata.json")}
+        assert {k: v for k, v in files_off[key].items() if not k.endswith("metadata.json")} == {
+            k: v for k, v in files_stock[key].items() if not k.endswith("metadata.json")
+        }
     for key, lowered in coreai_delegates(option_off).items():
         assert lowered.compile_specs == coreai_delegates(shared.stock)[key].compile_specs
 
 
 def test_shared_cache_oracle_passes_on_multifunction(shared):
-    lowering = Lowering(flow=FLOW, built=SimpleNamespace(methods=["forward", "prefill"]), exported={},
-                        executorch=shared.multi)
+    lowering = Lowering(
+        flow=FLOW, built=SimpleNamespace(methods=["forward", "prefill"]), exported={}, executorch=shared.multi
+    )
     verdict = shared_cache.check(lowering)
     assert verdict.ok, verdict
 
 
 def test_shared_cache_oracle_fails_on_stock_pretending_to_share(shared):
-    lowering = Lowering(flow=STOCK, built=SimpleNamespace(methods=["forward", "prefill"]), exported={},
-                        executorch=shared.stock)
+    lowering = Lowering(
+        flow=STOCK, built=SimpleNamespace(methods=["forward", "prefill"]), exported={}, executorch=shared.stock
+    )
     # No assertion on stock's own verdict: two bundles converted in the same
     # second hold identical metadata.json bytes under two keys, which the
     # oracle flags for every flow (findings/coreai-bundle-hash-nondeterminism.md).
@@ -223,8 +230,10 @@ def _small_methods():
 
 
 def test_different_compile_specs_are_refused():
-    partitioners = {"forward": [CoreAIMultifunctionPartitioner(multifunction=True)],
-                    "prefill": [CoreAIMultifunctionPartitioner(multifunction=True, min_deployment_version="27")]}
+    partitioners = {
+        "forward": [CoreAIMultifunctionPartitioner(multifunction=True)],
+        "prefill": [CoreAIMultifunctionPartitioner(multifunction=True, min_deployment_version="27")],
+    }
     with pytest.raises(ValueError, match="one set of compile specs"):
         lower(_small_methods(), partitioners, install_multifunction())
     assert not multifunction_installed()
@@ -233,8 +242,7 @@ def test_different_compile_specs_are_refused():
 def test_option_on_some_methods_only_is_refused():
     from executorch.backends.apple.coreai import CoreAIPartitioner
 
-    partitioners = {"forward": [CoreAIMultifunctionPartitioner(multifunction=True)],
-                    "prefill": [CoreAIPartitioner()]}
+    partitioners = {"forward": [CoreAIMultifunctionPartitioner(multifunction=True)], "prefill": [CoreAIPartitioner()]}
     with pytest.raises(ValueError, match=r"set for methods \['forward'\] but not for \['prefill'\]"):
         lower(_small_methods(), partitioners, install_multifunction())
 
@@ -268,7 +276,7 @@ def test_context_restores_and_refuses_double_install():
     assert not multifunction_installed() and "preprocess_multimethod" not in CoreAIBackend.__dict__
 
 
-RECIPE_DRIVER = '''
+RECIPE_DRIVER = """
 import torch
 from torch import nn
 from executorch.exir import to_edge_transform_and_lower
@@ -293,7 +301,7 @@ run = make_runner(manager.buffer, manager)
 for name, x in inputs.items():
     torch.testing.assert_close(run(name, [x])[0], module(x).detach(), rtol=1e-5, atol=1e-5)
 print("RECIPE OK")
-'''
+"""
 
 
 @pytest.mark.slow
@@ -315,8 +323,11 @@ def test_sidecar_delivery_writes_one_bundle(tmp_path):
     module = Broken().eval()
     where = tmp_path / "sidecar"
     with coreai_sidecar_dir(str(where)):
-        program = lower(_methods(module, 16), [CoreAIMultifunctionPartitioner(multifunction=True, uses_sidecar=True)],
-                        install_multifunction())
+        program = lower(
+            _methods(module, 16),
+            [CoreAIMultifunctionPartitioner(multifunction=True, uses_sidecar=True)],
+            install_multifunction(),
+        )
     found = manifests(program)
     assert {m["packaging"] for m in found.values()} == {"sidecar"}
     assert len({m["hash"] for m in found.values()}) == 1
@@ -332,21 +343,35 @@ def two_method_lowerings():
     """A spec whose two methods share a Linear, lowered by stock and multifunction."""
     import copy
 
-    from etprop.program import builder
     from etprop.lowering import pipeline
+    from etprop.program import builder
     from etprop.program.spec import FORMAT
 
-    layer = lambda n_in, n_out, seed: {"kind": "layer", "type": "Linear", "seed": seed,  # noqa: E731
-                                       "kwargs": {"in_features": n_in, "out_features": n_out}}
-    spec = {"format": FORMAT, "state": {"l1": layer(64, 64, 1), "l2": layer(64, 32, 2)},
-            "methods": {
-                "forward": {"inputs": [{"name": "x", "shape": [1, 64], "dtype": "float32"}],
-                            "nodes": [{"id": "a", "op": "layer", "args": ["x"], "state": "l1"},
-                                      {"id": "b", "op": "layer", "args": ["a"], "state": "l2"}],
-                            "outputs": ["b"]},
-                "prefill": {"inputs": [{"name": "x", "shape": [8, 64], "dtype": "float32"}],
-                            "nodes": [{"id": "a", "op": "layer", "args": ["x"], "state": "l1"}],
-                            "outputs": ["a"]}}}
+    layer = lambda n_in, n_out, seed: {
+        "kind": "layer",
+        "type": "Linear",
+        "seed": seed,  # noqa: E731
+        "kwargs": {"in_features": n_in, "out_features": n_out},
+    }
+    spec = {
+        "format": FORMAT,
+        "state": {"l1": layer(64, 64, 1), "l2": layer(64, 32, 2)},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [1, 64], "dtype": "float32"}],
+                "nodes": [
+                    {"id": "a", "op": "layer", "args": ["x"], "state": "l1"},
+                    {"id": "b", "op": "layer", "args": ["a"], "state": "l2"},
+                ],
+                "outputs": ["b"],
+            },
+            "prefill": {
+                "inputs": [{"name": "x", "shape": [8, 64], "dtype": "float32"}],
+                "nodes": [{"id": "a", "op": "layer", "args": ["x"], "state": "l1"}],
+                "outputs": ["a"],
+            },
+        },
+    }
     built = builder.build(spec)
     exported = pipeline.export_program(built)
     return {name: pipeline.lower(built, flows.get(name), copy.deepcopy(exported)) for name in ("coreai", FLOW.name)}

@@ -43,11 +43,17 @@ def lower(flow, module, inputs, methods=None) -> Lowered:
         outside, delegated = {}, {}
         for name in methods:
             gm = edge.exported_program(name).graph_module
-            calls = [n.target.__name__ for n in gm.graph.nodes
-                     if n.op == "call_function" and n.target is not operator.getitem]
+            calls = [
+                n.target.__name__
+                for n in gm.graph.nodes
+                if n.op == "call_function" and n.target is not operator.getitem
+            ]
             outside[name] = [c for c in calls if c != "executorch_call_delegate"]
-            delegated[name] = [getattr(gm, n.target).processed_bytes for n in gm.graph.nodes
-                               if n.op == "get_attr" and n.target.startswith("lowered_module")]
+            delegated[name] = [
+                getattr(gm, n.target).processed_bytes
+                for n in gm.graph.nodes
+                if n.op == "get_attr" and n.target.startswith("lowered_module")
+            ]
         buffer = edge.to_executorch().buffer
     return Lowered(outside, delegated, buffer)
 
@@ -78,12 +84,12 @@ def scaled_linear(i=16, o=8) -> nn.Linear:
 def positive_cases() -> dict:
     torch.manual_seed(0)
     return {
-        "weight_norm_linear": (parametrizations.weight_norm(nn.Linear(16, 8)),
-                               (torch.randn(3, 16),)),
-        "weight_norm_conv1d": (parametrizations.weight_norm(
-            nn.Conv1d(16, 16, 8, padding=4, groups=4), dim=2), (torch.randn(1, 16, 20),)),
-        "spectral_norm_linear": (parametrizations.spectral_norm(nn.Linear(16, 8)).eval(),
-                                 (torch.randn(3, 16),)),
+        "weight_norm_linear": (parametrizations.weight_norm(nn.Linear(16, 8)), (torch.randn(3, 16),)),
+        "weight_norm_conv1d": (
+            parametrizations.weight_norm(nn.Conv1d(16, 16, 8, padding=4, groups=4), dim=2),
+            (torch.randn(1, 16, 20),),
+        ),
+        "spectral_norm_linear": (parametrizations.spectral_norm(nn.Linear(16, 8)).eval(), (torch.randn(3, 16),)),
         "custom_parametrization": (scaled_linear(), (torch.randn(3, 16),)),
     }
 
@@ -127,8 +133,9 @@ def test_partitioner_without_the_fold_hook_is_stock(positive):
     from executorch.exir import to_edge_transform_and_lower
 
     module, inputs, _, stock = positive["custom_parametrization"]
-    edge = to_edge_transform_and_lower(torch.export.export(module.eval(), inputs),
-                                       partitioner=[xnnpack_fold.FoldingXnnpackPartitioner()])
+    edge = to_edge_transform_and_lower(
+        torch.export.export(module.eval(), inputs), partitioner=[xnnpack_fold.FoldingXnnpackPartitioner()]
+    )
     assert edge.to_executorch().buffer == stock.buffer
 
 
@@ -448,11 +455,15 @@ def test_a_half_precision_computed_weight_is_not_folded_into_a_wider_copy():
     assert fold.buffer == stock.buffer
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known defect of this candidate, found by a default campaign (shrunk to 12 nodes, 1-minimal): "
-    "a computed weight is folded though a second parameter with identical values (a cond body's copy) "
-    "keeps the sources' bytes in the program, so the .pte grows by the folded weight; the partitioner "
-    "sees fake parameter values and cannot compare contents"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "known defect of this candidate, found by a default campaign (shrunk to 12 nodes, 1-minimal): "
+        "a computed weight is folded though a second parameter with identical values (a cond body's copy) "
+        "keeps the sources' bytes in the program, so the .pte grows by the folded weight; the partitioner "
+        "sees fake parameter values and cannot compare contents"
+    ),
+)
 def test_a_computed_weight_whose_sources_another_identical_parameter_holds_is_not_folded():
     import json
     from pathlib import Path
@@ -461,8 +472,9 @@ def test_a_computed_weight_whose_sources_another_identical_parameter_holds_is_no
     from etprop.oracles import growth
     from etprop.program import builder
 
-    record = json.loads((Path(__file__).parent / "fixtures"
-                         / "fold_sources_held_by_an_identical_parameter.json").read_text())
+    record = json.loads(
+        (Path(__file__).parent / "fixtures" / "fold_sources_held_by_an_identical_parameter.json").read_text()
+    )
     built = builder.build(record["spec"])
     stock = pipeline.lower(built, flows.get("xnnpack"))
     assert stock.ok and growth.check(stock).ok

@@ -18,13 +18,13 @@ from torch._higher_order_ops.map import map as hop_map
 from torch._higher_order_ops.scan import scan as hop_scan
 
 import etprop.flows as flows
-from etprop.program import builder
-from etprop.lowering import pipeline
 from etprop.candidates import xnnpack_cf
+from etprop.lowering import pipeline
 from etprop.oracles import coverage, cycles, growth
 from etprop.oracles.cycles import graph_modules
-from etprop.verdicts.outcomes import Outcome
+from etprop.program import builder
 from etprop.program.spec import FORMAT
+from etprop.verdicts.outcomes import Outcome
 
 CF = flows.get("xnnpack+cf")
 STOCK = flows.get("xnnpack")
@@ -129,14 +129,14 @@ CASES = {
 }
 # Inputs that take every branch: all rows positive, all negative, mixed rows.
 _BASE = torch.rand(4, 8) + 0.1
-INPUTS = {"positive": _BASE, "negative": -_BASE,
-          "mixed": _BASE * torch.tensor([1.0, -1.0, 1.0, -1.0]).unsqueeze(1)}
+INPUTS = {"positive": _BASE, "negative": -_BASE, "mixed": _BASE * torch.tensor([1.0, -1.0, 1.0, -1.0]).unsqueeze(1)}
 
 
 def _built(module) -> SimpleNamespace:
     """The parts of a BuiltProgram that pipeline.lower and the oracles read."""
-    return SimpleNamespace(module=module, methods=["forward"],
-                           spec={"format": FORMAT, "state": {}, "methods": {"forward": {"nodes": []}}})
+    return SimpleNamespace(
+        module=module, methods=["forward"], spec={"format": FORMAT, "state": {}, "methods": {"forward": {"nodes": []}}}
+    )
 
 
 def _lower(flow, module):
@@ -168,9 +168,12 @@ def _run(pte: bytes, x):
 
 def _outside(lowering) -> list[str]:
     """Ops every graph of the lowered program (bodies included) runs itself."""
-    return [coverage.op_name(n) for _, gm in graph_modules(lowering.edge.exported_program().graph_module)
-            for n in gm.graph.nodes
-            if n.op == "call_function" and n.target is not operator.getitem]
+    return [
+        coverage.op_name(n)
+        for _, gm in graph_modules(lowering.edge.exported_program().graph_module)
+        for n in gm.graph.nodes
+        if n.op == "call_function" and n.target is not operator.getitem
+    ]
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -179,8 +182,9 @@ def test_matches_eager_for_every_branch(lowered, case):
     for label, x in INPUTS.items():
         with torch.no_grad():
             expected = module(x)
-        torch.testing.assert_close(_run(lowering.pte, x), expected, rtol=1e-4, atol=1e-5,
-                                   msg=lambda m: f"{case}/{label}: {m}")
+        torch.testing.assert_close(
+            _run(lowering.pte, x), expected, rtol=1e-4, atol=1e-5, msg=lambda m: f"{case}/{label}: {m}"
+        )
 
 
 @pytest.mark.parametrize("case", list(CASES))

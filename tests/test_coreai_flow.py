@@ -188,11 +188,15 @@ def test_flow_is_registered_with_its_recipe():
     assert FLOW.compile_config()._skip_dim_order
 
 
-@pytest.mark.parametrize("make", [
-    lambda: torch.randn(4, 16),
-    lambda: torch.zeros(4, 16),
-    lambda: torch.randn(4, 16) * 100,
-], ids=["randn", "zeros", "large"])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: torch.randn(4, 16),
+        lambda: torch.zeros(4, 16),
+        lambda: torch.randn(4, 16) * 100,
+    ],
+    ids=["randn", "zeros", "large"],
+)
 def test_linear_relu_matches_eager(linear, make):
     module, _, runner = linear
     x = make()
@@ -275,9 +279,11 @@ def test_io_names_follow_the_graph_order(split, multi):
 
 
 def _example_inputs(program, method):
-    return [spec.meta["val"] for spec in program.exported_program(method).graph.nodes
-            if spec.op == "placeholder" and spec.name in
-            program.exported_program(method).graph_signature.user_inputs]
+    return [
+        spec.meta["val"]
+        for spec in program.exported_program(method).graph.nodes
+        if spec.op == "placeholder" and spec.name in program.exported_program(method).graph_signature.user_inputs
+    ]
 
 
 def test_tampered_bundle_weight_is_caught(linear):
@@ -288,7 +294,7 @@ def test_tampered_bundle_weight_is_caught(linear):
     weight = module.fc.weight.detach().contiguous().numpy().tobytes()
     assert pte.count(weight) == 1, "the weight should be stored once, inside the bundle"
     at = pte.index(weight)
-    tampered = pte[:at] + (-module.fc.weight.detach()).contiguous().numpy().tobytes() + pte[at + len(weight):]
+    tampered = pte[:at] + (-module.fc.weight.detach()).contiguous().numpy().tobytes() + pte[at + len(weight) :]
     x = torch.randn(4, 16)
     with CoreAIProgram(program, pte=tampered) as runner:
         got = runner.run("forward", [x])
@@ -338,10 +344,14 @@ def _import_file(path):
     return module
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding: the Core AI bundle hash covers debug locations (absolute source path, line, "
-    "sha256 of the source file), so the same model from another checkout or venv gets another "
-    "hash; see findings/coreai-bundle-hash-nondeterminism.md"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding: the Core AI bundle hash covers debug locations (absolute source path, line, "
+        "sha256 of the source file), so the same model from another checkout or venv gets another "
+        "hash; see findings/coreai-bundle-hash-nondeterminism.md"
+    ),
+)
 def test_bundle_hash_does_not_depend_on_where_the_source_lives(tmp_path):
     hashes = []
     for sub in ("a", "b"):
@@ -354,7 +364,8 @@ def test_bundle_hash_does_not_depend_on_where_the_source_lives(tmp_path):
     assert hashes[0] == hashes[1]
 
 
-_PROCESS_SCRIPT = textwrap.dedent("""
+_PROCESS_SCRIPT = (
+    textwrap.dedent("""
     import hashlib, json, linecache, os, sys
 
     import torch
@@ -382,7 +393,9 @@ _PROCESS_SCRIPT = textwrap.dedent("""
         result[workdir] = {"hashes": [m["hash"] for m in manifests],
                            "pte": hashlib.sha256(program.buffer).hexdigest()}
     print("RESULT " + json.dumps(result))
-""") % _MODULE_SOURCE
+""")
+    % _MODULE_SOURCE
+)
 
 
 @pytest.fixture(scope="module")
@@ -397,11 +410,12 @@ def two_processes(tmp_path_factory):
         d.mkdir()
     results = []
     for _ in range(2):
-        done = subprocess.run([sys.executable, str(script), *map(str, dirs)],
-                              capture_output=True, text=True, timeout=600)
+        done = subprocess.run(
+            [sys.executable, str(script), *map(str, dirs)], capture_output=True, text=True, timeout=600
+        )
         assert done.returncode == 0, done.stderr[-2000:]
         line = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")][-1]
-        by_dir = json.loads(line[len("RESULT "):])
+        by_dir = json.loads(line[len("RESULT ") :])
         results.append([by_dir[str(d)] for d in dirs])
     return results
 
@@ -413,31 +427,44 @@ def test_bundle_hash_is_stable_across_processes(two_processes):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "finding: for a module compiled from generated source (a pseudo file name, as etprop's "
-    "builder makes), coreai-torch resolves the name against the working directory and writes "
-    "it into the bundle, so the hash changes with the process's cwd; "
-    "see findings/coreai-bundle-hash-nondeterminism.md"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding: for a module compiled from generated source (a pseudo file name, as etprop's "
+        "builder makes), coreai-torch resolves the name against the working directory and writes "
+        "it into the bundle, so the hash changes with the process's cwd; "
+        "see findings/coreai-bundle-hash-nondeterminism.md"
+    ),
+)
 def test_bundle_hash_does_not_depend_on_the_working_directory(two_processes):
     (in_a, in_b), _ = two_processes
     assert in_a["hashes"] == in_b["hashes"]
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "finding: each bundle's metadata.json stamps creationDate (1 s resolution) into the "
-    ".pte, so lowering the same model twice never gives the same .pte bytes; "
-    "see findings/coreai-bundle-hash-nondeterminism.md"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding: each bundle's metadata.json stamps creationDate (1 s resolution) into the "
+        ".pte, so lowering the same model twice never gives the same .pte bytes; "
+        "see findings/coreai-bundle-hash-nondeterminism.md"
+    ),
+)
 def test_pte_bytes_are_reproducible_across_processes(two_processes):
     (first, _), (second, _) = two_processes
     assert first["pte"] == second["pte"]
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "finding: two methods whose delegates have the same bundle hash fail to lower "
-    "('Duplicate key coreai/<hash>/model.aimodel/metadata.json with different data') when the "
-    "clock's second ticks between their preprocess calls; see "
-    "findings/coreai-bundle-hash-nondeterminism.md"))
+@pytest.mark.xfail(
+    strict=True,
+    raises=ValueError,
+    reason=(
+        "finding: two methods whose delegates have the same bundle hash fail to lower "
+        "('Duplicate key coreai/<hash>/model.aimodel/metadata.json with different data') when the "
+        "clock's second ticks between their preprocess calls; see "
+        "findings/coreai-bundle-hash-nondeterminism.md"
+    ),
+)
 def test_identical_delegates_in_two_methods_lower_when_the_clock_ticks(monkeypatch):
     import time as real_time
 
@@ -506,18 +533,24 @@ def _loads_within(factors, seconds: int = 20) -> bool:
         (lowered,) = coreai_delegates(program).values()
         path = runner.bundle_path(json.loads(bytes(lowered.processed_bytes)))
         try:
-            done = subprocess.run([sys.executable, "-c", _LOADER, str(path)],
-                                  capture_output=True, text=True, timeout=seconds)
+            done = subprocess.run(
+                [sys.executable, "-c", _LOADER, str(path)], capture_output=True, text=True, timeout=seconds
+            )
         except subprocess.TimeoutExpired:
             return False
     assert "LOADED" in done.stdout, done.stderr[-2000:]
     return True
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "finding COREAI-004: coreai-core's Linux load of a constant whose chain of scalar multiplications "
-    "shares a factor (here: repeats one) never returns and grows memory; "
-    "see findings/coreai-load-hang-repeated-scalar.md"))
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason=(
+        "finding COREAI-004: coreai-core's Linux load of a constant whose chain of scalar multiplications "
+        "shares a factor (here: repeats one) never returns and grows memory; "
+        "see findings/coreai-load-hang-repeated-scalar.md"
+    ),
+)
 @pytest.mark.slow
 @pytest.mark.parametrize("factors", [(-1.0, -1.0), (2.0, 0.5, 2.0)], ids=["negated twice", "2 then 0.5 then 2"])
 def test_bundle_with_a_constant_scaled_twice_by_one_factor_loads(factors):
@@ -535,9 +568,13 @@ class AddSubAlpha(nn.Module):
         return torch.add(x, y, alpha=2.0), torch.sub(x, 1.0, alpha=3.0)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "finding: coreai-torch converts add/sub without their alpha, so the delegate computes "
-    "x + y; see findings/coreai-add-sub-alpha-dropped.md"))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "finding: coreai-torch converts add/sub without their alpha, so the delegate computes "
+        "x + y; see findings/coreai-add-sub-alpha-dropped.md"
+    ),
+)
 def test_add_and_sub_keep_alpha():
     module = AddSubAlpha().eval()
     x, y = torch.randn(2, 3), torch.randn(2, 3)
@@ -550,22 +587,35 @@ def test_method_with_a_buffer_written_back_in_graph_returns_its_user_outputs():
     """to_executorch writes a mutated buffer back with copy_ and returns only the
     user outputs while the signature still lists the mutation: the interpreter
     must not pair them up by position (found by the multi-method property)."""
-    from etprop.program import builder
     from etprop.lowering import pipeline
     from etprop.oracles import equivalence
+    from etprop.program import builder
     from etprop.program.spec import FORMAT
 
-    spec = {"format": FORMAT, "dtype": "float16",
-            "state": {"m": {"kind": "buffer", "mutable": True, "shape": [1, 3, 1], "seed": 2},
-                      "n": {"kind": "layer", "type": "LayerNorm", "seed": 4,
-                            "kwargs": {"normalized_shape": [1], "elementwise_affine": False}}},
-            "methods": {"score": {"inputs": [{"name": "x", "shape": [4, 3, 3], "dtype": "float16"}],
-                                  "nodes": [{"id": "a", "op": "mean", "args": ["x"],
-                                             "attrs": {"dim": [-1, -3], "keepdim": True}},
-                                            {"id": "b", "op": "buffer_update", "args": ["a"], "state": "m",
-                                             "attrs": {"how": "copy"}},
-                                            {"id": "c", "op": "layer", "args": ["b"], "state": "n"}],
-                                  "outputs": ["c"]}}}
+    spec = {
+        "format": FORMAT,
+        "dtype": "float16",
+        "state": {
+            "m": {"kind": "buffer", "mutable": True, "shape": [1, 3, 1], "seed": 2},
+            "n": {
+                "kind": "layer",
+                "type": "LayerNorm",
+                "seed": 4,
+                "kwargs": {"normalized_shape": [1], "elementwise_affine": False},
+            },
+        },
+        "methods": {
+            "score": {
+                "inputs": [{"name": "x", "shape": [4, 3, 3], "dtype": "float16"}],
+                "nodes": [
+                    {"id": "a", "op": "mean", "args": ["x"], "attrs": {"dim": [-1, -3], "keepdim": True}},
+                    {"id": "b", "op": "buffer_update", "args": ["a"], "state": "m", "attrs": {"how": "copy"}},
+                    {"id": "c", "op": "layer", "args": ["b"], "state": "n"},
+                ],
+                "outputs": ["c"],
+            }
+        },
+    }
     built = builder.build(spec)
     lowering = pipeline.lower(built, flows.get("coreai"), pipeline.export_program(built))
     assert lowering.ok, lowering.error

@@ -11,19 +11,40 @@ import pytest
 import torch
 
 from etprop.program import builder, coverage_space
-from etprop.program.spec import FORMAT, digest as specdigest, validate
+from etprop.program.spec import FORMAT, validate
+from etprop.program.spec import digest as specdigest
 
 
 def _program(nodes, outputs, state=None, dtype="float32", shape=(4, 8)):
-    return {"format": FORMAT, "state": state or {}, "methods": {"forward": {
-        "inputs": [{"name": "x", "shape": list(shape), "dtype": dtype}], "nodes": nodes, "outputs": outputs}}}
+    return {
+        "format": FORMAT,
+        "state": state or {},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": list(shape), "dtype": dtype}],
+                "nodes": nodes,
+                "outputs": outputs,
+            }
+        },
+    }
 
 
-LEAKY = _program([{"id": "v1", "op": "leaky_relu", "args": ["x"], "attrs": {"negative_slope": 0.2}},
-                  {"id": "v2", "op": "softmax", "args": ["v1"], "attrs": {"dim": -1}}], ["v2"])
-LINEAR = _program([{"id": "v1", "op": "linear", "args": ["x"], "state": "w"},
-                   {"id": "v2", "op": "add", "args": ["v1", "x"], "attrs": {"alpha": 0.5}}], ["v2"],
-                  {"w": {"kind": "weight", "shape": [8, 8], "seed": 4, "scale": 0.3}}, dtype="float16")
+LEAKY = _program(
+    [
+        {"id": "v1", "op": "leaky_relu", "args": ["x"], "attrs": {"negative_slope": 0.2}},
+        {"id": "v2", "op": "softmax", "args": ["v1"], "attrs": {"dim": -1}},
+    ],
+    ["v2"],
+)
+LINEAR = _program(
+    [
+        {"id": "v1", "op": "linear", "args": ["x"], "state": "w"},
+        {"id": "v2", "op": "add", "args": ["v1", "x"], "attrs": {"alpha": 0.5}},
+    ],
+    ["v2"],
+    {"w": {"kind": "weight", "shape": [8, 8], "seed": 4, "scale": 0.3}},
+    dtype="float16",
+)
 
 
 def test_keys_name_ops_non_default_arguments_and_the_program_dtype():
@@ -38,8 +59,7 @@ def test_keys_name_ops_non_default_arguments_and_the_program_dtype():
 
 def test_keys_of_nested_control_flow_and_several_methods():
     inner = {"params": ["a"], "nodes": [{"id": "u1", "op": "tanh", "args": ["a"]}], "outputs": ["u1"]}
-    outer = {"params": ["b"], "nodes": [{"id": "u2", "op": "map", "args": ["b"], "bodies": [inner]}],
-             "outputs": ["u2"]}
+    outer = {"params": ["b"], "nodes": [{"id": "u2", "op": "map", "args": ["b"], "bodies": [inner]}], "outputs": ["u2"]}
     spec = _program([{"id": "v1", "op": "map", "args": ["x"], "bodies": [outer]}], ["v1"])
     keys = coverage_space.keys(spec)
     assert ("map>map", "", "", "float32") in keys and ("tanh", "", "", "float32") in keys
@@ -62,8 +82,11 @@ def test_keys_name_the_forms_a_mutant_needs_beyond_its_op():
 
 
 def test_the_greedy_cover_reaches_every_key_of_its_pool_with_fewer_programs():
-    pool = [LEAKY, LINEAR, _program([{"id": "v1", "op": "leaky_relu", "args": ["x"],
-                                      "attrs": {"negative_slope": 0.2}}], ["v1"])]
+    pool = [
+        LEAKY,
+        LINEAR,
+        _program([{"id": "v1", "op": "leaky_relu", "args": ["x"], "attrs": {"negative_slope": 0.2}}], ["v1"]),
+    ]
     chosen, wanted = coverage_space.greedy_cover(pool)
     assert sorted(chosen) == [0, 1]
     assert set().union(*(coverage_space.keys(pool[i]) for i in chosen)) == wanted
@@ -77,8 +100,11 @@ def test_a_packed_program_computes_what_its_parts_compute():
     assert len(packed["methods"]["forward"]["outputs"]) == 2
     built_parts = [builder.build(part) for part in parts]
     inputs = [value for built in built_parts for value in built.inputs("forward")]
-    expected = [value for built, part_inputs in zip(built_parts, [b.inputs("forward") for b in built_parts])
-                for value in built.eager("forward", part_inputs)]
+    expected = [
+        value
+        for built, part_inputs in zip(built_parts, [b.inputs("forward") for b in built_parts])
+        for value in built.eager("forward", part_inputs)
+    ]
     got = builder.build(packed).eager("forward", tuple(inputs))
     for left, right in zip(got, expected, strict=True):
         torch.testing.assert_close(left, right, rtol=0, atol=0)
@@ -92,8 +118,9 @@ def test_programs_of_several_methods_or_dtypes_are_not_packed_together():
 
 
 def _relu_chain(length, dtype="float32"):
-    nodes = [{"id": f"v{i}", "op": "relu" if i % 2 else "neg", "args": [f"v{i - 1}" if i else "x"]}
-             for i in range(length)]
+    nodes = [
+        {"id": f"v{i}", "op": "relu" if i % 2 else "neg", "args": [f"v{i - 1}" if i else "x"]} for i in range(length)
+    ]
     spec = _program(nodes, [f"v{length - 1}"], dtype=dtype)
     return spec if dtype == "float32" else dict(spec, dtype=dtype)
 
@@ -118,8 +145,10 @@ def test_float_classes_come_first_and_each_class_starts_at_the_flows_own_point()
     their own dtype (one pack per flow still reaches every dtype)."""
     from etprop.strategies import coverage_corpus as coverage
 
-    quantized = [dict(_relu_chain(n), quantization={"scheme": "static_per_tensor", "modules": None, "calibration": 1})
-                 for n in range(1, 3)]
+    quantized = [
+        dict(_relu_chain(n), quantization={"scheme": "static_per_tensor", "modules": None, "calibration": 1})
+        for n in range(1, 3)
+    ]
     first = [_relu_chain(n) for n in range(1, 5)]
     brain = [_relu_chain(n, "bfloat16") for n in range(1, 5)]
     half = [_relu_chain(n, "float16") for n in range(1, 3)]
@@ -136,11 +165,12 @@ def test_the_pool_draws_single_method_programs_with_twins_in_each_float_dtype():
     packable half-precision programs, and its twins, come from draws of their own."""
     from etprop.strategies import coverage_corpus as coverage
 
-    extra = coverage.pool_strategies()[len(coverage.families()):]
+    extra = coverage.pool_strategies()[len(coverage.families()) :]
     for strategy, dtype in zip(extra, ("float32", "float16", "bfloat16"), strict=True):
         specs = coverage.drawn(strategy, 6, seed=0)
-        assert specs and all(spec.get("dtype", "float32") == dtype and len(spec["methods"]) == 1
-                             for spec in specs), dtype
+        assert specs and all(spec.get("dtype", "float32") == dtype and len(spec["methods"]) == 1 for spec in specs), (
+            dtype
+        )
 
     from etprop.strategies.programs import programs
 
@@ -158,16 +188,23 @@ def _twins(spec: dict) -> int:
     def configuration(name):
         return {k: v for k, v in spec["state"][name].items() if k != "seed"}
 
-    return sum(a["op"] == b["op"] and a["args"] == b["args"] and a["state"] != b["state"]
-               and configuration(a["state"]) == configuration(b["state"])
-               for i, a in enumerate(nodes) for b in nodes[i + 1:])
+    return sum(
+        a["op"] == b["op"]
+        and a["args"] == b["args"]
+        and a["state"] != b["state"]
+        and configuration(a["state"]) == configuration(b["state"])
+        for i, a in enumerate(nodes)
+        for b in nodes[i + 1 :]
+    )
 
 
 def test_a_stored_corpus_is_read_back_not_drawn_again(tmp_path, monkeypatch):
     from etprop.strategies import coverage_corpus as coverage
 
     made = []
-    monkeypatch.setattr(coverage, "chosen", lambda seed, pool, targeted: made.append(pool) or ([LEAKY], {("relu", "", "", "x")}))
+    monkeypatch.setattr(
+        coverage, "chosen", lambda seed, pool, targeted: made.append(pool) or ([LEAKY], {("relu", "", "", "x")})
+    )
     assert coverage.stored(tmp_path, 3) == ([LEAKY], {("relu", "", "", "x")})
     assert coverage.stored(tmp_path, 3) == ([LEAKY], {("relu", "", "", "x")}) and made == [3]
     coverage.stored(tmp_path, 4)
@@ -199,31 +236,69 @@ def test_a_campaign_round_judges_the_next_programs_of_the_corpus_per_flow(tmp_pa
                 session = Session(root, isolated=False)
                 test(flows.get(flow), session, SimpleNamespace(config=None))
                 session.close()
-        return [json.loads(line) for path in sorted((root / "results").glob("*.jsonl"))
-                for line in path.read_text().splitlines()]
+        return [
+            json.loads(line)
+            for path in sorted((root / "results").glob("*.jsonl"))
+            for line in path.read_text().splitlines()
+        ]
 
     packs = [specdigest(program) for program, _ in coverage.packed(specs[:-1], 2)]
     judged = rounds(tmp_path / "one", 4)
-    assert [record["digest"] for record in judged] == [packs[0], specdigest(two_methods), *packs[1:]], \
+    assert [record["digest"] for record in judged] == [packs[0], specdigest(two_methods), *packs[1:]], (
         "a pack and the multi-method program, then a pack per round, then nothing new"
+    )
     assert [record["property"] for record in judged[:2]] == ["coverage", "coverage_multi_method"]
     every = [specdigest(program) for program, _ in coverage.packed(specs, 2)]
     assert sorted(record["digest"] for record in rounds(tmp_path / "shard", 2, "1/2")) == sorted(every[1::2])
     monkeypatch.setenv("ETPROP_FLOWS", "portable,xnnpack")
-    assert [record["digest"] for record in rounds(tmp_path / "peer", 1, flow="xnnpack")] == [packs[1], specdigest(two_methods)], \
-        "the second of two flows running the same packs starts half-way through the corpus"
+    assert [record["digest"] for record in rounds(tmp_path / "peer", 1, flow="xnnpack")] == [
+        packs[1],
+        specdigest(two_methods),
+    ], "the second of two flows running the same packs starts half-way through the corpus"
 
 
-VARIANCE = dict(_program([{"id": "v1", "op": "var", "args": ["x"], "attrs": {"dim": -1}}], ["v1"], dtype="float16"),
-                dtype="float16")
-INLINED_COND = {"format": FORMAT, "state": {}, "methods": {"forward": {
-    "inputs": [{"name": "x", "shape": [4, 8], "dtype": "float32"}],
-    "nodes": [{"id": "v1", "op": "cond", "args": ["x"], "attrs": {"inline": True}, "bodies": [
-        {"params": ["a"], "nodes": [{"id": "u1", "op": "map", "args": ["a"], "bodies": [
-            {"params": ["b"], "nodes": [{"id": "w1", "op": "tanh", "args": ["b"]}], "outputs": ["w1"]}]}],
-         "outputs": ["u1"]},
-        {"params": ["a"], "nodes": [{"id": "u2", "op": "neg", "args": ["a"]}], "outputs": ["u2"]}]}],
-    "outputs": ["v1"]}}}
+VARIANCE = dict(
+    _program([{"id": "v1", "op": "var", "args": ["x"], "attrs": {"dim": -1}}], ["v1"], dtype="float16"), dtype="float16"
+)
+INLINED_COND = {
+    "format": FORMAT,
+    "state": {},
+    "methods": {
+        "forward": {
+            "inputs": [{"name": "x", "shape": [4, 8], "dtype": "float32"}],
+            "nodes": [
+                {
+                    "id": "v1",
+                    "op": "cond",
+                    "args": ["x"],
+                    "attrs": {"inline": True},
+                    "bodies": [
+                        {
+                            "params": ["a"],
+                            "nodes": [
+                                {
+                                    "id": "u1",
+                                    "op": "map",
+                                    "args": ["a"],
+                                    "bodies": [
+                                        {
+                                            "params": ["b"],
+                                            "nodes": [{"id": "w1", "op": "tanh", "args": ["b"]}],
+                                            "outputs": ["w1"],
+                                        }
+                                    ],
+                                }
+                            ],
+                            "outputs": ["u1"],
+                        },
+                        {"params": ["a"], "nodes": [{"id": "u2", "op": "neg", "args": ["a"]}], "outputs": ["u2"]},
+                    ],
+                }
+            ],
+            "outputs": ["v1"],
+        }
+    },
+}
 
 
 def test_an_inlined_construct_is_straight_line_code_not_control_flow():
@@ -245,6 +320,7 @@ def test_a_flow_runs_its_packs_with_the_causes_of_its_findings_neutralized():
     assert [f.id for f in known_findings.causes_on("portable", adds)] == ["KERNELS-001"]
     assert "KERNELS-002" in [f.id for f in known_findings.causes_on("portable", VARIANCE)]
     assert known_findings.causes_on("portable", LEAKY) == []
+
     def on(flow):
         return lambda spec: known_findings.neutralized(spec, known_findings.causes_on(flow, spec))[0]
 
@@ -268,10 +344,19 @@ def test_a_spec_whose_neutralization_no_longer_computes_runs_as_drawn_alone():
     from etprop.strategies import coverage_corpus as coverage
     from etprop.verdicts import known_findings
 
-    pools = _program([{"id": "v1", "op": "avg_pool1d", "args": ["x"],
-                       "attrs": {"kernel_size": 4, "stride": 4, "ceil_mode": True}},
-                      {"id": "v2", "op": "max_pool1d", "args": ["v1"], "attrs": {"kernel_size": 2}}],
-                     ["v2"], shape=(2, 3, 5))
+    pools = _program(
+        [
+            {
+                "id": "v1",
+                "op": "avg_pool1d",
+                "args": ["x"],
+                "attrs": {"kernel_size": 4, "stride": 4, "ceil_mode": True},
+            },
+            {"id": "v2", "op": "max_pool1d", "args": ["v1"], "attrs": {"kernel_size": 2}},
+        ],
+        ["v2"],
+        shape=(2, 3, 5),
+    )
 
     def on_coreai(spec):
         return known_findings.neutralized(spec, known_findings.causes_on("coreai", spec))[0]

@@ -25,51 +25,75 @@ BROKEN_RELU = ROOT / "ci" / "gate_demo" / "broken_relu_sitecustomize.py"
 
 
 def _answer(outcome="pass", message="", known=None, pte=1000, delegates=1, portable=None):
-    return {"outcome": outcome, "message": message, "known": known,
-            "facts": {"flow": "xnnpack", "pte_bytes": pte, "delegate_calls": delegates,
-                      "portable_ops": portable or {}, "binding_bytes": 0} if outcome == "pass" else {}}
+    return {
+        "outcome": outcome,
+        "message": message,
+        "known": known,
+        "facts": {
+            "flow": "xnnpack",
+            "pte_bytes": pte,
+            "delegate_calls": delegates,
+            "portable_ops": portable or {},
+            "binding_bytes": 0,
+        }
+        if outcome == "pass"
+        else {},
+    }
 
 
 def _item(base, cand):
     return cross_gate.Item("drawn mixed #0", "mixed", {"methods": {}}, {"baseline": base, "candidate": cand})
 
 
-MISMATCH = ("[eager equivalence] FAILED (mismatch): method 'forward', normal inputs: output 0 (4, 8): "
-            "{n} / 32 elements differ; worst at (0, 0): eager 0, got {got}, allowed difference 1e-05 ")
+MISMATCH = (
+    "[eager equivalence] FAILED (mismatch): method 'forward', normal inputs: output 0 (4, 8): "
+    "{n} / 32 elements differ; worst at (0, 0): eager 0, got {got}, allowed difference 1e-05 "
+)
 
 
-@pytest.mark.parametrize("base, cand, kind", [
-    (_answer(), _answer("mismatch", MISMATCH.format(n=3, got=0.5)), "newly failing"),
-    (_answer(), _answer("lowering error", "RuntimeError: boom"), "newly failing"),
-    (_answer(), _answer("unsupported by ExecuTorch", "while_loop"), "newly unsupported"),
-    (_answer(), _answer("export error", "does not export here"), "does not build in the candidate environment"),
-    (_answer("mismatch", MISMATCH.format(n=3, got=0.001)), _answer("mismatch", MISMATCH.format(n=30, got=0.5)),
-     "worse mismatch"),
-    (_answer("lowering error", "RuntimeError: one"), _answer("run error", "error 0x12"), "changed failure"),
-    (_answer(), _answer("mismatch", "elements differ", known="XNN-001"), "known finding XNN-001 newly hit"),
-    (_answer(pte=1000), _answer(pte=9000), "structural regression"),
-    (_answer(portable={}), _answer(portable={"tanh": 1}), "structural regression"),
-])
+@pytest.mark.parametrize(
+    "base, cand, kind",
+    [
+        (_answer(), _answer("mismatch", MISMATCH.format(n=3, got=0.5)), "newly failing"),
+        (_answer(), _answer("lowering error", "RuntimeError: boom"), "newly failing"),
+        (_answer(), _answer("unsupported by ExecuTorch", "while_loop"), "newly unsupported"),
+        (_answer(), _answer("export error", "does not export here"), "does not build in the candidate environment"),
+        (
+            _answer("mismatch", MISMATCH.format(n=3, got=0.001)),
+            _answer("mismatch", MISMATCH.format(n=30, got=0.5)),
+            "worse mismatch",
+        ),
+        (_answer("lowering error", "RuntimeError: one"), _answer("run error", "error 0x12"), "changed failure"),
+        (_answer(), _answer("mismatch", "elements differ", known="XNN-001"), "known finding XNN-001 newly hit"),
+        (_answer(pte=1000), _answer(pte=9000), "structural regression"),
+        (_answer(portable={}), _answer(portable={"tanh": 1}), "structural regression"),
+    ],
+)
 def test_a_candidate_environment_doing_worse_is_a_regression_of_its_kind(base, cand, kind):
     found = cross_gate.judge(_item(base, cand), "baseline", "candidate")
     assert found is not None and found["kind"] == kind, found
 
 
-@pytest.mark.parametrize("base, cand", [
-    (_answer(), _answer()),
-    (_answer("mismatch", MISMATCH.format(n=3, got=0.5)), _answer()),
-    (_answer("lowering error", "RuntimeError: one"), _answer("lowering error", "RuntimeError: one")),
-    (_answer(pte=9000, portable={"tanh": 2}), _answer(pte=1000)),
-])
+@pytest.mark.parametrize(
+    "base, cand",
+    [
+        (_answer(), _answer()),
+        (_answer("mismatch", MISMATCH.format(n=3, got=0.5)), _answer()),
+        (_answer("lowering error", "RuntimeError: one"), _answer("lowering error", "RuntimeError: one")),
+        (_answer(pte=9000, portable={"tanh": 2}), _answer(pte=1000)),
+    ],
+)
 def test_a_candidate_environment_doing_as_well_or_better_is_no_regression(base, cand):
     assert cross_gate.judge(_item(base, cand), "baseline", "candidate") is None
 
 
 def test_the_tally_and_structure_lines_count_what_changed():
-    items = [_item(_answer(), _answer()),
-             _item(_answer("lowering error", "RuntimeError: one"), _answer()),
-             _item(_answer(pte=9000, portable={"tanh": 2}), _answer(pte=1000)),
-             _item(_answer(), _answer("run error", "error 0x12"))]
+    items = [
+        _item(_answer(), _answer()),
+        _item(_answer("lowering error", "RuntimeError: one"), _answer()),
+        _item(_answer(pte=9000, portable={"tanh": 2}), _answer(pte=1000)),
+        _item(_answer(), _answer("run error", "error 0x12")),
+    ]
     assert cross_gate.tally(items, "baseline", "candidate") == {"passing": 2, "fixed": 1, "newly failing": 1}
     lines = cross_gate.structure_summary(items, "baseline", "candidate")
     assert "structure: .pte bytes: 1 better (9000 -> 1000 over those programs)" in lines
@@ -82,8 +106,9 @@ def test_an_interpreter_that_is_not_there_is_a_one_line_error(tmp_path):
 
 
 def test_an_environment_without_etprop_names_the_install_command(tmp_path):
-    base = subprocess.run([sys.executable, "-c", "import sys; print(sys._base_executable)"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    base = subprocess.run(
+        [sys.executable, "-c", "import sys; print(sys._base_executable)"], capture_output=True, text=True, check=True
+    ).stdout.strip()
     subprocess.run([base, "-m", "venv", "--without-pip", str(tmp_path / "bare")], check=True)
     with pytest.raises(UsageError) as raised:
         Environment(str(tmp_path / "bare" / "bin" / "python"), "candidate", tmp_path / "a").start()
@@ -94,10 +119,29 @@ def test_an_environment_without_etprop_names_the_install_command(tmp_path):
 def _gate(tmp_path, candidate_python, name):
     """The gate on the two fixture programs; its budget (shrinking included) ends before
     pytest's 900 s timeout, and leaves a loaded machine room to shrink."""
-    return subprocess.run([sys.executable, "-m", "etprop.commands.cli", "gate", "--baseline-env", sys.executable,
-                           "--candidate-env", candidate_python, "--flow", "xnnpack", "--programs", str(PROGRAMS),
-                           "--minutes", "14", "--artifacts", str(tmp_path / f"gate-{name}")],
-                          capture_output=True, text=True, cwd=tmp_path)
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "etprop.commands.cli",
+            "gate",
+            "--baseline-env",
+            sys.executable,
+            "--candidate-env",
+            candidate_python,
+            "--flow",
+            "xnnpack",
+            "--programs",
+            str(PROGRAMS),
+            "--minutes",
+            "14",
+            "--artifacts",
+            str(tmp_path / f"gate-{name}"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
 
 
 @pytest.mark.slow
@@ -114,22 +158,46 @@ def test_a_deliberately_broken_lowering_in_the_candidate_environment_fails_with_
     run = _gate(tmp_path, python, "broken")
     assert run.returncode == 1, run.stdout + run.stderr
     assert re.search(r"VERDICT: FAIL: 1 program\(s\) regressed .*newly failing: .*mismatch", run.stdout)
-    shrunk = re.search(r"shrunk in the candidate environment to (\d+) node\(s\): (\S+) "
-                       r"\(baseline environment on it: pass\)", run.stdout)
+    shrunk = re.search(
+        r"shrunk in the candidate environment to (\d+) node\(s\): (\S+) "
+        r"\(baseline environment on it: pass\)",
+        run.stdout,
+    )
     assert shrunk and int(shrunk.group(1)) <= 3, run.stdout
-    replay = subprocess.run([python, "-P", "-m", "etprop.commands.cli", "repro", shrunk.group(2),
-                             "--artifacts", str(tmp_path / "replay")], capture_output=True, text=True, cwd=tmp_path)
+    replay = subprocess.run(
+        [python, "-P", "-m", "etprop.commands.cli", "repro", shrunk.group(2), "--artifacts", str(tmp_path / "replay")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert replay.returncode == 1 and "still failing" in replay.stdout, replay.stdout + replay.stderr
 
 
 def test_replay_in_another_environment_runs_that_environments_etprop(tmp_path):
-    run = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "replay", "--env", sys.executable,
-                          str(PROGRAMS / "no_relu.json"), "--artifacts", str(tmp_path / "replay")],
-                         capture_output=True, text=True, cwd=tmp_path)
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "etprop.commands.cli",
+            "replay",
+            "--env",
+            sys.executable,
+            str(PROGRAMS / "no_relu.json"),
+            "--artifacts",
+            str(tmp_path / "replay"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert run.returncode == 0, run.stdout + run.stderr
     assert "no_relu.json" in run.stdout
-    missing = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "replay", "--env",
-                              str(tmp_path / "none" / "python")], capture_output=True, text=True, cwd=tmp_path)
+    missing = subprocess.run(
+        [sys.executable, "-m", "etprop.commands.cli", "replay", "--env", str(tmp_path / "none" / "python")],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
     assert missing.returncode == 2 and "no Python interpreter at" in missing.stderr
 
 
@@ -168,12 +236,30 @@ def test_a_packed_program_that_fails_is_judged_by_its_parts(tmp_path):
 @pytest.mark.slow
 def test_a_flow_that_prints_to_stdout_does_not_break_the_workers_channel(tmp_path):
     noisy = str(ROOT / "tests" / "fixtures" / "noisy_flows.py")
-    run = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "gate", "--baseline-env", sys.executable,
-                          "--candidate-env", sys.executable, "--flow", "test-noisy", "--flow-module", noisy,
-                          "--programs", str(PROGRAMS / "no_relu.json"), "--artifacts", str(tmp_path / "gate")],
-                         capture_output=True, text=True, cwd=tmp_path)
-    assert run.returncode == 0 and "VERDICT: PASS: no regression on 1 programs" in run.stdout, \
-        run.stdout + run.stderr
+    run = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "etprop.commands.cli",
+            "gate",
+            "--baseline-env",
+            sys.executable,
+            "--candidate-env",
+            sys.executable,
+            "--flow",
+            "test-noisy",
+            "--flow-module",
+            noisy,
+            "--programs",
+            str(PROGRAMS / "no_relu.json"),
+            "--artifacts",
+            str(tmp_path / "gate"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+    )
+    assert run.returncode == 0 and "VERDICT: PASS: no regression on 1 programs" in run.stdout, run.stdout + run.stderr
     assert "noisy flow: native-style write" in (tmp_path / "gate" / "candidate" / "worker.log").read_text()
 
 
@@ -193,13 +279,14 @@ def test_the_same_crash_in_two_environments_is_no_regression_whatever_the_flows_
     assert cross_gate.judge(_item(base, cand), "baseline", "candidate") is None
 
 
-
 def test_a_message_naming_a_module_of_the_flows_backend_is_the_same_failure_in_both():
     """The baseline flow's name inside a module path is not the flow: XNN-016's
     message (object addresses differ between processes too) under two flow names."""
-    error = ("[lowering] FAILED (lowering error): RuntimeError: Invalid input type map given, "
-             "<executorch.backends.xnnpack.operators.node_visitor.InputTypeToIndex object at {}>, 3, "
-             "[p_program_w21_weight, args_0]")
+    error = (
+        "[lowering] FAILED (lowering error): RuntimeError: Invalid input type map given, "
+        "<executorch.backends.xnnpack.operators.node_visitor.InputTypeToIndex object at {}>, 3, "
+        "[p_program_w21_weight, args_0]"
+    )
     base = dict(_answer("lowering error", error.format("0x7f5b0bb0d0d0"), known="XNN-016"), flow="xnnpack")
     cand = dict(_answer("lowering error", error.format("0x7f3fc79e5990"), known="XNN-016"), flow="xnnpack+fold-pkg")
     assert cross_gate.judge(_item(base, cand), "baseline", "candidate") is None
@@ -224,6 +311,7 @@ def test_replay_calls_a_finding_failing_for_another_reason_changed():
     attributed = Replayed(Path("f.json"), "lowering error", "lowering error", broken, recorded, known="COREAI-009")
     assert attributed.status == "still failing"
 
+
 class _OpRuleEnvironment:
     """Fails (one and the same lowering error) on the programs ``fails`` picks
     by their ops."""
@@ -247,16 +335,28 @@ def test_shrinking_a_regression_keeps_the_baseline_passing():
     from etprop.commands.shrink import shrink_to
     from etprop.program.spec import FORMAT
 
-    spec = {"format": FORMAT, "state": {}, "methods": {"forward": {
-        "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
-        "nodes": [{"id": "a", "op": "sigmoid", "args": ["x"]}, {"id": "b", "op": "tanh", "args": ["a"]},
-                  {"id": "c", "op": "relu", "args": ["x"]}, {"id": "d", "op": "gelu", "args": ["c"]}],
-        "outputs": ["b", "d"]}}}
+    spec = {
+        "format": FORMAT,
+        "state": {},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
+                "nodes": [
+                    {"id": "a", "op": "sigmoid", "args": ["x"]},
+                    {"id": "b", "op": "tanh", "args": ["a"]},
+                    {"id": "c", "op": "relu", "args": ["x"]},
+                    {"id": "d", "op": "gelu", "args": ["c"]},
+                ],
+                "outputs": ["b", "d"],
+            }
+        },
+    }
     baseline = _OpRuleEnvironment("baseline", lambda ops: "tanh" in ops and "relu" not in ops)
     candidate = _OpRuleEnvironment("candidate", lambda ops: "tanh" in ops or "relu" in ops)
     gate = cross_gate.CrossGate(baseline, candidate, "xnnpack", "xnnpack")
-    item = cross_gate.Item("drawn mixed #0", "mixed", spec, {env.label: env.run(spec, "mixed", "xnnpack")
-                                                             for env in (baseline, candidate)})
+    item = cross_gate.Item(
+        "drawn mixed #0", "mixed", spec, {env.label: env.run(spec, "mixed", "xnnpack") for env in (baseline, candidate)}
+    )
     found = cross_gate.judge(item, "baseline", "candidate")
     assert found and found["kind"] == "newly failing"
 

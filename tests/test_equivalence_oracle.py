@@ -81,13 +81,19 @@ def test_swapped_channels_are_caught(portable):
 
 def _conv_transpose_spec(outputs):
     return {
-        "format": FORMAT, "dtype": "bfloat16",
+        "format": FORMAT,
+        "dtype": "bfloat16",
         "state": {"w": {"kind": "weight", "shape": [4, 3, 3, 3], "seed": 5, "scale": 0.5}},
-        "methods": {"forward": {
-            "inputs": [{"name": "x", "shape": [1, 4, 6, 6], "dtype": "bfloat16"}],
-            "nodes": [{"id": "v0", "op": "conv_transpose2d", "args": ["x"], "state": "w"},
-                      {"id": "v1", "op": "ceil", "args": ["v0"]}],
-            "outputs": outputs}},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [1, 4, 6, 6], "dtype": "bfloat16"}],
+                "nodes": [
+                    {"id": "v0", "op": "conv_transpose2d", "args": ["x"], "state": "w"},
+                    {"id": "v1", "op": "ceil", "args": ["v0"]},
+                ],
+                "outputs": outputs,
+            }
+        },
     }
 
 
@@ -101,7 +107,7 @@ def test_last_bit_before_ceil_is_not_a_mismatch():
     reference = rounded.reference("forward", inputs)
     (value,) = pre.eager("forward", inputs)
     direction = torch.where(torch.arange(value.numel()).reshape(value.shape) % 2 == 0, 1.0, -1.0)
-    lowered_pre = (value.double() * (1 + direction * 2 ** -7)).to(torch.bfloat16)
+    lowered_pre = (value.double() * (1 + direction * 2**-7)).to(torch.bfloat16)
     lowered = torch.ceil(lowered_pre)
     jumped = int((lowered != reference.expected[0]).sum())
     assert jumped > 0, "the inputs must put some pre-ceil values one ulp from an integer"
@@ -157,8 +163,9 @@ def test_one_flip_before_a_rounding_op_is_within_the_bound():
     import json
     from pathlib import Path
 
-    spec = json.loads((Path(__file__).parent / "fixtures" / "tolerance" /
-                       "tanh_one_ulp_before_via_int64.json").read_text())
+    spec = json.loads(
+        (Path(__file__).parent / "fixtures" / "tolerance" / "tanh_one_ulp_before_via_int64.json").read_text()
+    )
     built = builder.build(spec)
     inputs = built.inputs("forward", "negative")
     reference = built.reference("forward", inputs, True, tolerance.op_ulps("executorch", "float32"))
@@ -173,17 +180,24 @@ def test_one_flip_before_a_rounding_op_is_within_the_bound():
     assert (lowered[1] != reference.expected[1]).any(), "the flip must reach the output"
     judgement = tolerance.judge(reference, lowered)
     assert judgement.problem is None, judgement.problem
-    directional_only = Reference(reference.expected, reference.wide,
-                                 reference.jittered[:2] + reference.jittered[reference.directional:])
+    directional_only = Reference(
+        reference.expected, reference.wide, reference.jittered[:2] + reference.jittered[reference.directional :]
+    )
     assert "1 / 96 elements differ" in tolerance.judge(directional_only, lowered).problem
 
 
-_ACCUMULATOR = {"format": FORMAT, "dtype": "float16",
-                "state": {"m1": {"kind": "buffer", "shape": [64], "scale": 1.0, "mutable": True, "seed": 1}},
-                "methods": {"forward": {"inputs": [{"name": "x0", "shape": [64], "dtype": "float16"}],
-                                        "nodes": [{"id": "v2", "op": "buffer_update", "args": ["x0"],
-                                                   "attrs": {"how": "add"}, "state": "m1"}],
-                                        "outputs": ["v2"]}}}
+_ACCUMULATOR = {
+    "format": FORMAT,
+    "dtype": "float16",
+    "state": {"m1": {"kind": "buffer", "shape": [64], "scale": 1.0, "mutable": True, "seed": 1}},
+    "methods": {
+        "forward": {
+            "inputs": [{"name": "x0", "shape": [64], "dtype": "float16"}],
+            "nodes": [{"id": "v2", "op": "buffer_update", "args": ["x0"], "attrs": {"how": "add"}, "state": "m1"}],
+            "outputs": ["v2"],
+        }
+    },
+}
 
 
 def _accumulate(update_for_call, calls: int = 8, kind: str = "small") -> list:
@@ -267,10 +281,11 @@ def test_eager_nan_from_an_intermediate_overflow_accepts_any_value():
 def test_non_finite_in_float64_too_must_agree():
     reference = _reference([1.0, float("inf"), float("nan")])
     assert tolerance.judge(reference, [torch.tensor([1.0, float("inf"), float("nan")])]).problem is None
-    assert "non-finite values differ" in tolerance.judge(
-        reference, [torch.tensor([1.0, -float("inf"), float("nan")])]).problem
-    assert "non-finite values differ" in tolerance.judge(
-        reference, [torch.tensor([1.0, float("inf"), 0.0])]).problem
+    assert (
+        "non-finite values differ"
+        in tolerance.judge(reference, [torch.tensor([1.0, -float("inf"), float("nan")])]).problem
+    )
+    assert "non-finite values differ" in tolerance.judge(reference, [torch.tensor([1.0, float("inf"), 0.0])]).problem
 
 
 def test_non_finite_value_a_run_does_not_reproduce_is_at_the_edge():
@@ -301,8 +316,9 @@ def test_shape_dtype_and_count():
 def test_integer_outputs_are_exact_unless_jitter_moves_them():
     steady = Reference([torch.tensor([3, 4])], [torch.tensor([3, 4])], [[torch.tensor([3, 4])]] * 4)
     assert "elements differ" in tolerance.judge(steady, [torch.tensor([3, 5])]).problem
-    moving = Reference([torch.tensor([3, 4])], [torch.tensor([3, 4])],
-                       [[torch.tensor([3, 5])], [torch.tensor([3, 4])]] * 2)
+    moving = Reference(
+        [torch.tensor([3, 4])], [torch.tensor([3, 4])], [[torch.tensor([3, 5])], [torch.tensor([3, 4])]] * 2
+    )
     judgement = tolerance.judge(moving, [torch.tensor([3, 5])])
     assert judgement.problem is None and judgement.unstable == 1
 
@@ -313,8 +329,7 @@ def test_jittered_variant_is_the_program_when_not_jittering(make_linear_relu_spe
 
     from etprop.strategies.control_flow import control_flow_programs
 
-    @settings(max_examples=8, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=8, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(spec=control_flow_programs())
     def same(spec):
         program = builder.build(spec)

@@ -46,33 +46,51 @@ def test_the_repro_command_writes_both_scripts(tmp_path):
 
 # Outcomes a standalone script judges (equivalence and the stages before it);
 # structural oracles (storage, cycles, coverage) need etprop.
-STANDALONE_JUDGES = {"mismatch", "lowering error", "load error", "run error", "export error", "crash",
-                     "quantization error"}
+STANDALONE_JUDGES = {
+    "mismatch",
+    "lowering error",
+    "load error",
+    "run error",
+    "export error",
+    "crash",
+    "quantization error",
+}
 
 
 def _cli(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "etprop.commands.cli", *args], capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "etprop.commands.cli", *args], capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _run_script(path, cwd) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-I", str(path)], capture_output=True, text=True, timeout=600, cwd=cwd)
 
 
-@pytest.mark.parametrize("body", [
-    "print('judged'); sys.exit(3)",
-    "raise ValueError('no verdict')",
-    "import os; os.abort()",
-    "import os; print(os.getcwd(), sys.flags.isolated, sys.argv[0].endswith('script.py'), __name__)",
-    "print(sys.stdin.read() == '')",
-], ids=["exit code", "uncaught exception", "killed by a signal", "cwd, flags, argv, name", "stdin"])
+@pytest.mark.parametrize(
+    "body",
+    [
+        "print('judged'); sys.exit(3)",
+        "raise ValueError('no verdict')",
+        "import os; os.abort()",
+        "import os; print(os.getcwd(), sys.flags.isolated, sys.argv[0].endswith('script.py'), __name__)",
+        "print(sys.stdin.read() == '')",
+    ],
+    ids=["exit code", "uncaught exception", "killed by a signal", "cwd, flags, argv, name", "stdin"],
+)
 def test_the_warm_script_runner_reports_what_a_fresh_interpreter_reports(script_runner, tmp_path, body):
     """The standalone scripts run in forks of a warm interpreter: each must end
     with the return code, output and surroundings ``python -I`` gives it."""
     script = tmp_path / "script.py"
     script.write_text(f"import sys\n{body}\n")
-    fresh = subprocess.run([sys.executable, "-I", str(script)], capture_output=True, text=True, cwd=tmp_path,
-                           stdin=subprocess.DEVNULL, timeout=60)
+    fresh = subprocess.run(
+        [sys.executable, "-I", str(script)],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        stdin=subprocess.DEVNULL,
+        timeout=60,
+    )
     warm = script_runner.run(script, tmp_path)
     assert (warm.returncode, warm.stdout) == (fresh.returncode, fresh.stdout)
     assert warm.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:]
@@ -97,8 +115,7 @@ def replay_session(tmp_path_factory):
     session.close()
 
 
-@pytest.mark.parametrize("finding", [f for f in FINDINGS if f.id not in REPLAYED_ELSEWHERE],
-                         ids=lambda f: f.id)
+@pytest.mark.parametrize("finding", [f for f in FINDINGS if f.id not in REPLAYED_ELSEWHERE], ids=lambda f: f.id)
 def test_finding_still_reproduces_its_own_symptom(finding, tmp_path, replay_session, script_runner, capsys):
     """A strict known failure: the repro must fail with the finding's own
     outcome and message (any other failure, an import error or a missing name,
@@ -122,21 +139,29 @@ def test_finding_still_reproduces_its_own_symptom(finding, tmp_path, replay_sess
     if completed.returncode == 0:
         pytest.fail(f"{finding.id} no longer reproduces (fixed upstream?): {completed.stdout[-500:]}")
     raised = re.findall(r"^([A-Za-z_][\w.]*(?:Error|Exception))\b", completed.stderr, re.M)
-    assert completed.returncode == 1 and raised in ([], ["AssertionError"]), \
+    assert completed.returncode == 1 and raised in ([], ["AssertionError"]), (
         f"{finding.id}'s repro failed for another reason:\n{completed.stderr[-1500:]}"
+    )
     if spec_repro.exists():
         assert f"now: {finding.outcome})" in completed.stdout, completed.stdout[-1500:]
         assert re.search(finding.pattern, completed.stdout, re.S), completed.stdout[-1500:]
         if finding.status == "confirmed":
-            assert f"(known finding {finding.id})" in completed.stdout, \
+            assert f"(known finding {finding.id})" in completed.stdout, (
                 f"neutralizing {finding.id}'s cause did not make its own repro pass:\n{completed.stdout[-1500:]}"
+            )
         alone = script_runner.run(standalone, tmp_path)
-        verdict = "crash" if alone.returncode < 0 else next(
-            (line.split(":")[1].strip() for line in alone.stdout.splitlines() if line.startswith("VERDICT:")), None)
+        verdict = (
+            "crash"
+            if alone.returncode < 0
+            else next(
+                (line.split(":")[1].strip() for line in alone.stdout.splitlines() if line.startswith("VERDICT:")), None
+            )
+        )
         if finding.outcome in STANDALONE_JUDGES:
-            assert verdict == finding.outcome and alone.returncode != 0, \
-                f"the standalone script says {verdict!r}, the suite {finding.outcome!r}:\n" \
+            assert verdict == finding.outcome and alone.returncode != 0, (
+                f"the standalone script says {verdict!r}, the suite {finding.outcome!r}:\n"
                 f"{alone.stdout[-1500:]}\n{alone.stderr[-1500:]}"
+            )
             if verdict != "crash":
                 assert re.search(finding.pattern, alone.stdout + alone.stderr, re.S), alone.stdout[-1500:]
         else:
@@ -146,8 +171,12 @@ def test_finding_still_reproduces_its_own_symptom(finding, tmp_path, replay_sess
 
 def test_signature_nominates_only_its_own_kind_of_program():
     message = "output 0 (3, 4): 12 / 12 elements differ"
-    spec = {"state": {}, "methods": {"forward": {"nodes": [
-        {"id": "v0", "op": "addmm", "args": ["x"], "attrs": {"alpha": 2.0}, "state": "w"}]}}}
+    spec = {
+        "state": {},
+        "methods": {
+            "forward": {"nodes": [{"id": "v0", "op": "addmm", "args": ["x"], "attrs": {"alpha": 2.0}, "state": "w"}]}
+        },
+    }
     assert [f.id for f in known_findings.nominate("xnnpack", "mismatch", message, spec)] == ["XNN-001"]
     assert known_findings.nominate("xnnpack", "mismatch", "NaN positions differ", spec) == []
     assert known_findings.nominate("xnnpack+fold", "mismatch", message, spec) == []

@@ -86,15 +86,84 @@ def test_each_group_imports_only_the_groups_below_it():
     assert not offences, offences
 
 
+def module_imports(path: Path, modules: set[str]) -> set[str]:
+    """The engine modules ``path`` imports, at any depth of the file (a
+    function's own import counts): ``from etprop.a import b`` is etprop.a.b
+    when that is a module, else etprop.a."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("etprop"):
+            found |= {
+                f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules else node.module
+                for alias in node.names
+            }
+    return found & modules
+
+
+def import_circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected groups of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles = []
+
+    def visit(module: str) -> None:
+        index[module] = low[module] = len(index)
+        stack.append(module)
+        for target in sorted(graph.get(module, ())):
+            if target not in index:
+                visit(target)
+                low[module] = min(low[module], low[target])
+            elif target in stack:
+                low[module] = min(low[module], index[target])
+        if low[module] == index[module]:
+            group = []
+            while True:
+                member = stack.pop()
+                group.append(member)
+                if member == module:
+                    break
+            if len(group) > 1:
+                circles.append(sorted(group))
+
+    for module in sorted(graph):
+        if module not in index:
+            visit(module)
+    return circles
+
+
+# builder renders a quantized spec's PT2E steps from quantize, which builds on
+# builder's float program; they separate when the generated-source preludes
+# leave builder for modules of their own.
+ALLOWED_CIRCLES = [["etprop.program.builder", "etprop.program.quantize"]]
+
+
+def test_no_import_circles():
+    modules = engine_modules()
+    graph = {module: module_imports(path, set(modules)) - {module} for module, path in modules.items()}
+    circles = [circle for circle in import_circles(graph) if circle not in ALLOWED_CIRCLES]
+    assert not circles, circles
+
+
+def test_the_circle_finder_finds_a_circle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert import_circles(graph) == [["a", "b", "c"]]
+    assert import_circles({"a": {"b"}, "b": set()}) == []
+
+
 def test_the_engine_imports_without_the_test_layer():
     """Every engine module imports with etprop.properties made unimportable."""
     modules = sorted(engine_modules())
-    code = ("import importlib, sys\n"
-            "sys.modules['etprop.properties'] = None\n"
-            f"for name in {modules!r}:\n"
-            "    importlib.import_module(name)\n"
-            "assert sys.modules['etprop.properties'] is None\n"
-            "print(len(sys.modules))\n")
+    code = (
+        "import importlib, sys\n"
+        "sys.modules['etprop.properties'] = None\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "assert sys.modules['etprop.properties'] is None\n"
+        "print(len(sys.modules))\n"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
 
@@ -113,19 +182,44 @@ def installed_wheel(tmp_path_factory):
     """etprop built as a wheel and installed, without dependencies, into a
     virtual environment layered over this one (torch and executorch come from here)."""
     base = tmp_path_factory.mktemp("wheel")
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            "-w", str(base / "dist"), str(ROOT)], capture_output=True, text=True, timeout=600)
+    built = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(base / "dist"),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert built.returncode == 0, built.stderr[-3000:]
     wheel = next((base / "dist").glob("etprop-*.whl"))
     venv = base / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     python = venv / "bin" / "python"
-    site = Path(subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               capture_output=True, text=True, check=True).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    )
     # Plain path lines: this environment's packages, but not its editable etprop finder.
     (site / "layered-over-test-env.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    installed = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps",
-                                "--no-index", "-q", str(wheel)], capture_output=True, text=True, timeout=600)
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "--no-index", "-q", str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert installed.returncode == 0, installed.stderr[-3000:]
     outside = base / "outside"
     outside.mkdir()
@@ -135,8 +229,9 @@ def installed_wheel(tmp_path_factory):
 def _run(venv: Path, cwd: Path, *args, timeout=900):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("ETPROP_", "PYTEST_"))}
     env["PATH"] = f"{venv / 'bin'}:{env['PATH']}"
-    return subprocess.run([str(venv / "bin" / "etprop"), *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+    return subprocess.run(
+        [str(venv / "bin" / "etprop"), *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout
+    )
 
 
 def test_the_wheel_carries_findings_properties_and_flows(installed_wheel):
@@ -147,8 +242,13 @@ def test_the_wheel_carries_findings_properties_and_flows(installed_wheel):
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     declared = zipfile.ZipFile(wheel).read(entry_points).decode()
     assert "[etprop.flows]" in declared and "etprop.candidates.xnnpack_fold" in declared
-    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import etprop; print(etprop.__file__)"],
-                           cwd=outside, capture_output=True, text=True, check=True).stdout
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import etprop; print(etprop.__file__)"],
+        cwd=outside,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert where.startswith(str(venv)), f"etprop imported from {where}, not from the wheel"
 
 
@@ -169,9 +269,13 @@ def test_the_installed_wheel_carries_and_replays_the_findings(installed_wheel):
     index = json.loads((ROOT / "findings" / "index.json").read_text())
     assert index and all(f"etprop/findings/{entry['repro']}" in names for entry in index)
     assert {f"etprop/findings/repros/{p.name}" for p in (ROOT / "findings" / "repros").iterdir()} <= names
-    package = subprocess.run([str(venv / "bin" / "python"), "-c", "import etprop.findings as f, os; "
-                              "print(os.path.dirname(f.__file__))"], cwd=outside, capture_output=True, text=True,
-                             check=True).stdout.strip()
+    package = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import etprop.findings as f, os; print(os.path.dirname(f.__file__))"],
+        cwd=outside,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     chosen = {}
     for entry in index:
         if entry["repro"].endswith(".json"):
@@ -186,9 +290,25 @@ def test_the_installed_wheel_carries_and_replays_the_findings(installed_wheel):
 def test_the_installed_wheel_runs_a_campaign_outside_the_checkout(installed_wheel):
     _, venv, outside = installed_wheel
     artifacts = outside / "campaign"
-    result = _run(venv, outside, "fuzz", "--flows", "portable", "--properties", "mixed", "--examples", "1",
-                  "--workers", "1", "--minutes", "5", "--artifacts", str(artifacts))
+    result = _run(
+        venv,
+        outside,
+        "fuzz",
+        "--flows",
+        "portable",
+        "--properties",
+        "mixed",
+        "--examples",
+        "1",
+        "--workers",
+        "1",
+        "--minutes",
+        "5",
+        "--artifacts",
+        str(artifacts),
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    records = [json.loads(line) for path in (artifacts / "results").glob("*.jsonl")
-               for line in path.read_text().splitlines()]
+    records = [
+        json.loads(line) for path in (artifacts / "results").glob("*.jsonl") for line in path.read_text().splitlines()
+    ]
     assert records and all(r["property"] == "mixed" for r in records)

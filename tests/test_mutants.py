@@ -17,18 +17,29 @@ def mutant_target_spec() -> dict:
     softmax over dim 1, and a functional linear with a bias on the side."""
     return {
         "format": FORMAT,
-        "state": {"l0": {"kind": "layer", "type": "Linear", "seed": 1,
-                         "kwargs": {"in_features": 8, "out_features": 6, "bias": True}},
-                  "w1": {"kind": "weight", "shape": [3, 8], "seed": 2},
-                  "b1": {"kind": "weight", "shape": [3], "seed": 3}},
-        "methods": {"forward": {
-            "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
-            "nodes": [{"id": "v0", "op": "layer", "args": ["x"], "state": "l0"},
-                      {"id": "v1", "op": "gelu", "args": ["v0"], "attrs": {"approximate": "tanh"}},
-                      {"id": "v2", "op": "add", "args": ["v1", "v0"], "attrs": {"alpha": 2.0}},
-                      {"id": "v3", "op": "softmax", "args": ["v2"], "attrs": {"dim": 1}},
-                      {"id": "v4", "op": "linear", "args": ["x"], "state": "w1", "attrs": {"bias_state": "b1"}}],
-            "outputs": ["v3", "v4"]}},
+        "state": {
+            "l0": {
+                "kind": "layer",
+                "type": "Linear",
+                "seed": 1,
+                "kwargs": {"in_features": 8, "out_features": 6, "bias": True},
+            },
+            "w1": {"kind": "weight", "shape": [3, 8], "seed": 2},
+            "b1": {"kind": "weight", "shape": [3], "seed": 3},
+        },
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
+                "nodes": [
+                    {"id": "v0", "op": "layer", "args": ["x"], "state": "l0"},
+                    {"id": "v1", "op": "gelu", "args": ["v0"], "attrs": {"approximate": "tanh"}},
+                    {"id": "v2", "op": "add", "args": ["v1", "v0"], "attrs": {"alpha": 2.0}},
+                    {"id": "v3", "op": "softmax", "args": ["v2"], "attrs": {"dim": 1}},
+                    {"id": "v4", "op": "linear", "args": ["x"], "state": "w1", "attrs": {"bias_state": "b1"}},
+                ],
+                "outputs": ["v3", "v4"],
+            }
+        },
     }
 
 
@@ -77,11 +88,16 @@ def test_spec_mutants_change_only_what_they_name():
     descriptions = {kind: [d for _, d in mutants.mutate_spec(kind, spec, rng)] for kind in mutants.SPEC_MUTANTS}
     assert sorted(descriptions["drop_bias"]) == ["layer l0 without its bias", "linear v4 without its bias"]
     assert descriptions["switch_approximation"] == ["gelu v1 approximate='none'"]
-    assert sorted(descriptions["reset_argument"]) == ["add v2 with alpha back to its default",
-                                                       "gelu v1 with approximate back to its default"]
+    assert sorted(descriptions["reset_argument"]) == [
+        "add v2 with alpha back to its default",
+        "gelu v1 with approximate back to its default",
+    ]
     for mutated, description in mutants.mutate_spec("reset_argument", spec, rng):
-        changed = [(a, b) for a, b in zip(spec["methods"]["forward"]["nodes"], mutated["methods"]["forward"]["nodes"])
-                   if a != b]
+        changed = [
+            (a, b)
+            for a, b in zip(spec["methods"]["forward"]["nodes"], mutated["methods"]["forward"]["nodes"])
+            if a != b
+        ]
         assert len(changed) == 1 and mutated["state"] == spec["state"], description
     assert spec == mutant_target_spec(), "mutate_spec changed its argument"
 

@@ -32,10 +32,15 @@ def test_the_arguments_listed_are_every_argument_the_strategies_draw():
 
     drawn_attrs, drawn_kwargs = set(), set()
 
-    @settings(max_examples=150, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
-    @given(spec=st.one_of(programs(min_nodes=6, max_nodes=30), control_flow_programs(),
-                          computed_weight_programs(), multi_method_programs()))
+    @settings(max_examples=150, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(
+        spec=st.one_of(
+            programs(min_nodes=6, max_nodes=30),
+            control_flow_programs(),
+            computed_weight_programs(),
+            multi_method_programs(),
+        )
+    )
     def collect(spec):
         for _, node in all_nodes(spec):
             if node["op"] in CONTROL_FLOW_OPS or node["op"] in ("layer", "buffer_update"):
@@ -55,13 +60,22 @@ def test_the_arguments_listed_are_every_argument_the_strategies_draw():
 def _corpus_spec():
     """sub(x, y) -> mean over dim 1 -> relu, and add(x, y) beside it."""
     inputs = [{"name": "x", "shape": [3, 4], "dtype": "float32"}, {"name": "y", "shape": [3, 4], "dtype": "float32"}]
-    return {"format": FORMAT, "state": {}, "methods": {"forward": {
-        "inputs": inputs,
-        "nodes": [{"id": "v0", "op": "sub", "args": ["x", "y"]},
-                  {"id": "v1", "op": "mean", "args": ["v0"], "attrs": {"dim": 1, "keepdim": True}},
-                  {"id": "v2", "op": "relu", "args": ["v1"]},
-                  {"id": "v3", "op": "add", "args": ["x", "y"]}],
-        "outputs": ["v2", "v3"]}}}
+    return {
+        "format": FORMAT,
+        "state": {},
+        "methods": {
+            "forward": {
+                "inputs": inputs,
+                "nodes": [
+                    {"id": "v0", "op": "sub", "args": ["x", "y"]},
+                    {"id": "v1", "op": "mean", "args": ["v0"], "attrs": {"dim": 1, "keepdim": True}},
+                    {"id": "v2", "op": "relu", "args": ["v1"]},
+                    {"id": "v3", "op": "add", "args": ["x", "y"]},
+                ],
+                "outputs": ["v2", "v3"],
+            }
+        },
+    }
 
 
 def test_a_corpus_kills_visible_mutants_and_calls_invisible_ones_equivalent(tmp_path):
@@ -71,14 +85,25 @@ def test_a_corpus_kills_visible_mutants_and_calls_invisible_ones_equivalent(tmp_
     finish(example, ["portable"], artifacts)
     entries, skipped = load_corpus(tmp_path, None)
     assert len(entries) == 1 and entries[0]["flows"]["portable"]["cases"]
-    mutants = [Mutant("sub", "swap_operands"), Mutant("add", "swap_operands"), Mutant("sub", "relative", "add"),
-               Mutant("mean", "other_axis"), Mutant("mean", "ignore_argument", "keepdim"),
-               Mutant("relu", "relative", "leaky_relu"), Mutant("conv2d", "ignore_argument", "stride")]
+    mutants = [
+        Mutant("sub", "swap_operands"),
+        Mutant("add", "swap_operands"),
+        Mutant("sub", "relative", "add"),
+        Mutant("mean", "other_axis"),
+        Mutant("mean", "ignore_argument", "keepdim"),
+        Mutant("relu", "relative", "leaky_relu"),
+        Mutant("conv2d", "ignore_argument", "stride"),
+    ]
     rows = {row["mutant"].name: row["status"] for row in score(entries, mutants, None)}
-    assert rows == {"sub swap_operands": "killed", "add swap_operands": "equivalent",
-                    "sub relative add": "killed", "mean other_axis": "killed",
-                    "mean ignore_argument keepdim": "killed", "relu relative leaky_relu": "killed",
-                    "conv2d ignore_argument stride": "never drawn"}
+    assert rows == {
+        "sub swap_operands": "killed",
+        "add swap_operands": "equivalent",
+        "sub relative add": "killed",
+        "mean other_axis": "killed",
+        "mean ignore_argument keepdim": "killed",
+        "relu relative leaky_relu": "killed",
+        "conv2d ignore_argument stride": "never drawn",
+    }
 
 
 def test_a_mutant_that_changes_a_shape_is_judged_in_the_shape_the_graph_declares(tmp_path):
@@ -87,25 +112,44 @@ def test_a_mutant_that_changes_a_shape_is_judged_in_the_shape_the_graph_declares
     declared shape, its values still differ, so the mutant is killed. A
     batched product read as ``mm`` cannot even run: that survivor's reason is
     a shape, not an argument left at its default."""
-    spec = {"format": FORMAT, "state": {"p": {"kind": "parameter", "shape": [2], "seed": 1, "scale": 1.0},
-                                        "m": {"kind": "weight", "shape": [4, 5], "seed": 2, "scale": 0.3}},
-            "methods": {"forward": {
-                "inputs": [{"name": "x", "shape": [3, 4], "dtype": "float32"},
-                           {"name": "z", "shape": [2, 3, 4], "dtype": "float32"}],
-                "nodes": [{"id": "v0", "op": "slice", "args": ["x"],
-                           "attrs": {"dim": 1, "start": 1, "end": 3, "step": 1}},
-                          {"id": "v1", "op": "mul", "args": ["v0"], "state": "p"},
-                          {"id": "v2", "op": "matmul", "args": ["z"], "state": "m"}],
-                "outputs": ["v1", "v2"]}}}
+    spec = {
+        "format": FORMAT,
+        "state": {
+            "p": {"kind": "parameter", "shape": [2], "seed": 1, "scale": 1.0},
+            "m": {"kind": "weight", "shape": [4, 5], "seed": 2, "scale": 0.3},
+        },
+        "methods": {
+            "forward": {
+                "inputs": [
+                    {"name": "x", "shape": [3, 4], "dtype": "float32"},
+                    {"name": "z", "shape": [2, 3, 4], "dtype": "float32"},
+                ],
+                "nodes": [
+                    {"id": "v0", "op": "slice", "args": ["x"], "attrs": {"dim": 1, "start": 1, "end": 3, "step": 1}},
+                    {"id": "v1", "op": "mul", "args": ["v0"], "state": "p"},
+                    {"id": "v2", "op": "matmul", "args": ["z"], "state": "m"},
+                ],
+                "outputs": ["v1", "v2"],
+            }
+        },
+    }
     artifacts = Artifacts(tmp_path)
     example = run_example(spec, [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
     assert example.results[0].outcome.value == "pass"
     finish(example, ["portable"], artifacts)
     entries, _ = load_corpus(tmp_path, None)
-    rows = {row["mutant"].name: row for row in score(entries, [Mutant("slice", "ignore_argument", "start"),
-                                                               Mutant("slice", "ignore_argument", "step"),
-                                                               Mutant("matmul", "relative", "mm")],
-                                                     None)}
+    rows = {
+        row["mutant"].name: row
+        for row in score(
+            entries,
+            [
+                Mutant("slice", "ignore_argument", "start"),
+                Mutant("slice", "ignore_argument", "step"),
+                Mutant("matmul", "relative", "mm"),
+            ],
+            None,
+        )
+    }
     start, step = rows["slice ignore_argument start"], rows["slice ignore_argument step"]
     as_mm = rows["matmul relative mm"]
     assert start["status"] == "killed"
@@ -117,15 +161,24 @@ def test_the_limit_counts_only_programs_in_a_form_the_mutant_changes(tmp_path):
     """A corpus whose first programs hold ``mul`` with one parameter, and a
     later one with a same-shaped twin: with a limit of one program per
     mutant, the swapped weight is still tried on the twin and killed."""
+
     def spec(twins: bool, seed: int) -> dict:
         state = {"p": {"kind": "parameter", "shape": [4], "seed": seed, "scale": 1.0}}
         nodes = [{"id": "v0", "op": "mul", "args": ["x"], "state": "p"}]
         if twins:
             state["q"] = {"kind": "parameter", "shape": [4], "seed": seed + 1, "scale": 1.0}
             nodes.append({"id": "v1", "op": "mul", "args": ["x"], "state": "q"})
-        return {"format": FORMAT, "state": state, "methods": {"forward": {
-            "inputs": [{"name": "x", "shape": [3, 4], "dtype": "float32"}],
-            "nodes": nodes, "outputs": [node["id"] for node in nodes]}}}
+        return {
+            "format": FORMAT,
+            "state": state,
+            "methods": {
+                "forward": {
+                    "inputs": [{"name": "x", "shape": [3, 4], "dtype": "float32"}],
+                    "nodes": nodes,
+                    "outputs": [node["id"] for node in nodes],
+                }
+            },
+        }
 
     artifacts = Artifacts(tmp_path)
     for program in (spec(False, 1), spec(False, 2), spec(True, 3)):
@@ -144,30 +197,49 @@ def test_mutants_whose_plain_reset_pytorch_rejects_are_realised_as_the_backend_w
     non-square weight with a bias, a convolution read as its transposed
     relative, a clamp whose only bound is ignored, a resize whose
     interpolating mode is ignored: each builds and is killed."""
-    spec = {"format": FORMAT, "state": {
-                "w": {"kind": "weight", "shape": [4, 2, 3, 3], "seed": 2, "scale": 0.3},
-                "l": {"kind": "weight", "shape": [3, 5], "seed": 3, "scale": 0.4},
-                "b": {"kind": "weight", "shape": [3], "seed": 4, "scale": 0.4},
-                "c": {"kind": "weight", "shape": [6, 4, 2], "seed": 5, "scale": 0.3}},
-            "methods": {"forward": {
-                "inputs": [{"name": "y", "shape": [1, 4, 5, 5], "dtype": "float32"},
-                           {"name": "x", "shape": [2, 5], "dtype": "float32"},
-                           {"name": "s", "shape": [1, 4, 6], "dtype": "float32"}],
-                "nodes": [{"id": "v0", "op": "conv2d", "args": ["y"], "state": "w", "attrs": {"groups": 2}},
-                          {"id": "v1", "op": "linear", "args": ["x"], "state": "l", "attrs": {"bias_state": "b"}},
-                          {"id": "v2", "op": "conv1d", "args": ["s"], "state": "c", "attrs": {"padding": "same"}},
-                          {"id": "v3", "op": "clamp", "args": ["v1"], "attrs": {"min": 0.1}},
-                          {"id": "v4", "op": "interpolate", "args": ["y"],
-                           "attrs": {"mode": "bilinear", "align_corners": True, "size": [3, 4]}}],
-                "outputs": ["v0", "v2", "v3", "v4"]}}}
+    spec = {
+        "format": FORMAT,
+        "state": {
+            "w": {"kind": "weight", "shape": [4, 2, 3, 3], "seed": 2, "scale": 0.3},
+            "l": {"kind": "weight", "shape": [3, 5], "seed": 3, "scale": 0.4},
+            "b": {"kind": "weight", "shape": [3], "seed": 4, "scale": 0.4},
+            "c": {"kind": "weight", "shape": [6, 4, 2], "seed": 5, "scale": 0.3},
+        },
+        "methods": {
+            "forward": {
+                "inputs": [
+                    {"name": "y", "shape": [1, 4, 5, 5], "dtype": "float32"},
+                    {"name": "x", "shape": [2, 5], "dtype": "float32"},
+                    {"name": "s", "shape": [1, 4, 6], "dtype": "float32"},
+                ],
+                "nodes": [
+                    {"id": "v0", "op": "conv2d", "args": ["y"], "state": "w", "attrs": {"groups": 2}},
+                    {"id": "v1", "op": "linear", "args": ["x"], "state": "l", "attrs": {"bias_state": "b"}},
+                    {"id": "v2", "op": "conv1d", "args": ["s"], "state": "c", "attrs": {"padding": "same"}},
+                    {"id": "v3", "op": "clamp", "args": ["v1"], "attrs": {"min": 0.1}},
+                    {
+                        "id": "v4",
+                        "op": "interpolate",
+                        "args": ["y"],
+                        "attrs": {"mode": "bilinear", "align_corners": True, "size": [3, 4]},
+                    },
+                ],
+                "outputs": ["v0", "v2", "v3", "v4"],
+            }
+        },
+    }
     artifacts = Artifacts(tmp_path)
     example = run_example(spec, [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
     assert example.results[0].outcome.value == "pass"
     finish(example, ["portable"], artifacts)
     entries, _ = load_corpus(tmp_path, None)
-    mutants = [Mutant("conv2d", "ignore_argument", "groups"), Mutant("linear", "relative", "matmul"),
-               Mutant("conv1d", "relative", "conv_transpose1d"), Mutant("clamp", "ignore_argument", "min"),
-               Mutant("interpolate", "ignore_argument", "mode")]
+    mutants = [
+        Mutant("conv2d", "ignore_argument", "groups"),
+        Mutant("linear", "relative", "matmul"),
+        Mutant("conv1d", "relative", "conv_transpose1d"),
+        Mutant("clamp", "ignore_argument", "min"),
+        Mutant("interpolate", "ignore_argument", "mode"),
+    ]
     rows = {row["mutant"].name: row["status"] for row in score(entries, mutants, None)}
     assert rows == {mutant.name: "killed" for mutant in mutants}
 
@@ -177,19 +249,29 @@ def test_an_argument_drawn_only_in_some_dtypes_is_scored_only_in_those():
     assert antialias.drawn_in("float32") and not antialias.drawn_in("float16")
     assert not antialias.drawn_in("bfloat16") and Mutant("interpolate", "ignore_argument", "mode").drawn_in("float16")
     entries = [{"spec": {"dtype": "float16", "state": {}, "methods": {}}, "index": 1}]
-    assert [row["mutant"].name for row in score(entries, [antialias, Mutant("relu", "relative", "leaky_relu")],
-                                                None)] == ["relu relative leaky_relu"]
+    assert [
+        row["mutant"].name for row in score(entries, [antialias, Mutant("relu", "relative", "leaky_relu")], None)
+    ] == ["relu relative leaky_relu"]
 
 
 def test_a_fitted_form_writes_the_mutated_result_into_the_declared_shape():
     from etprop.program import builder
     from etprop.program.semantic_mutants import node_shapes
 
-    spec = {"format": FORMAT, "state": {}, "methods": {"forward": {
-        "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
-        "nodes": [{"id": "v0", "op": "sum", "args": ["x"], "attrs": {"dim": 1, "keepdim": True}},
-                  {"id": "v1", "op": "add", "args": ["v0", "x"]}],
-        "outputs": ["v1"]}}}
+    spec = {
+        "format": FORMAT,
+        "state": {},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 3], "dtype": "float32"}],
+                "nodes": [
+                    {"id": "v0", "op": "sum", "args": ["x"], "attrs": {"dim": 1, "keepdim": True}},
+                    {"id": "v1", "op": "add", "args": ["v0", "x"]},
+                ],
+                "outputs": ["v1"],
+            }
+        },
+    }
     built = builder.build(spec)
     x = built.inputs("forward")
     assert node_shapes(built, {"forward": x}) == {("forward", "v0"): (2, 1), ("forward", "v1"): (2, 3)}
@@ -207,13 +289,27 @@ def test_a_layer_whose_stride_a_backend_ignores_is_killed_in_its_declared_shape(
     """A strided convolution layer computed at stride 1 is bigger than the
     graph declares; its fitted form keeps the declared shape through the
     jittered reference too, so the stored output kills it."""
-    spec = {"format": FORMAT, "state": {"c": {"kind": "layer", "type": "Conv2d", "seed": 3, "kwargs": {
-                "in_channels": 2, "out_channels": 3, "kernel_size": 3, "stride": 2}}},
-            "methods": {"forward": {
+    spec = {
+        "format": FORMAT,
+        "state": {
+            "c": {
+                "kind": "layer",
+                "type": "Conv2d",
+                "seed": 3,
+                "kwargs": {"in_channels": 2, "out_channels": 3, "kernel_size": 3, "stride": 2},
+            }
+        },
+        "methods": {
+            "forward": {
                 "inputs": [{"name": "x", "shape": [1, 2, 7, 7], "dtype": "float32"}],
-                "nodes": [{"id": "v0", "op": "layer", "args": ["x"], "state": "c"},
-                          {"id": "v1", "op": "relu", "args": ["v0"]}],
-                "outputs": ["v1"]}}}
+                "nodes": [
+                    {"id": "v0", "op": "layer", "args": ["x"], "state": "c"},
+                    {"id": "v1", "op": "relu", "args": ["v0"]},
+                ],
+                "outputs": ["v1"],
+            }
+        },
+    }
     artifacts = Artifacts(tmp_path)
     example = run_example(spec, [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts)
     assert example.results[0].outcome.value == "pass"
@@ -260,8 +356,16 @@ def test_the_scorer_leaves_out_only_programs_that_write_a_buffer_in_place(tmp_pa
     out_of_place["methods"]["forward"]["nodes"][-1]["attrs"] = {"in_place": False}
     (tmp_path / "corpus").mkdir()
     for name, program in (("in_place", spec), ("out_of_place", out_of_place)):
-        torch.save({"spec": program, "property": "mixed", "recorded": 1.0, "seconds": 1.0,
-                    "flows": {"portable": {"runtime": None, "cases": []}}}, tmp_path / "corpus" / f"{name}.pt")
+        torch.save(
+            {
+                "spec": program,
+                "property": "mixed",
+                "recorded": 1.0,
+                "seconds": 1.0,
+                "flows": {"portable": {"runtime": None, "cases": []}},
+            },
+            tmp_path / "corpus" / f"{name}.pt",
+        )
     entries, skipped = load_corpus(tmp_path, None)
     assert [entry["spec"] for entry in entries] == [out_of_place]
     assert skipped == {"stateful (mutable buffers)": 1}
@@ -285,8 +389,10 @@ def test_a_mutant_whose_reference_cannot_run_survives_and_the_score_goes_on(tmp_
         return judged(program, built)
 
     monkeypatch.setattr(mutation_score, "killed_by", killed_by)
-    rows = {row["mutant"].name: row["status"] for row in score(
-        entries, [Mutant("relu", "relative", "leaky_relu"), Mutant("sub", "swap_operands")], None)}
+    rows = {
+        row["mutant"].name: row["status"]
+        for row in score(entries, [Mutant("relu", "relative", "leaky_relu"), Mutant("sub", "swap_operands")], None)
+    }
     assert rows == {"relu relative leaky_relu": "survived", "sub swap_operands": "killed"}
 
 
@@ -308,8 +414,7 @@ def test_parallel_twins_give_a_gemm_a_twin_whose_swap_shows():
 
     shown = []
 
-    @settings(max_examples=80, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=80, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(spec=_twin_programs())
     def check(spec):
         gemms = [node for _, node in all_nodes(spec) if node.get("state")]
@@ -338,12 +443,17 @@ def test_parallel_twins_give_a_gemm_a_twin_whose_swap_shows():
 def test_a_drawn_divisor_stays_away_from_zero():
     from etprop.program import builder
 
-    spec = {"format": FORMAT, "state": {"d": {"kind": "buffer", "shape": [64], "seed": 3, "scale": 1.0,
-                                              "min_abs": 0.5}},
-            "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 64], "dtype": "float32"}],
-                                    "nodes": [{"id": "v0", "op": "div", "args": ["x"], "state": "d",
-                                               "attrs": {"rounding_mode": "floor"}}],
-                                    "outputs": ["v0"]}}}
+    spec = {
+        "format": FORMAT,
+        "state": {"d": {"kind": "buffer", "shape": [64], "seed": 3, "scale": 1.0, "min_abs": 0.5}},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 64], "dtype": "float32"}],
+                "nodes": [{"id": "v0", "op": "div", "args": ["x"], "state": "d", "attrs": {"rounding_mode": "floor"}}],
+                "outputs": ["v0"],
+            }
+        },
+    }
     divisor = builder.build(spec).module.d
     assert divisor.abs().min() >= 0.5 and (divisor < 0).any() and (divisor > 0).any()
     spec["state"]["d"].pop("min_abs")

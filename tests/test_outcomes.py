@@ -17,6 +17,7 @@ from etprop.program import builder
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.session import Session
 
+
 def _raising_flow(message: str):
     def fail(graph_module):
         raise RuntimeError(message)
@@ -41,8 +42,9 @@ def test_a_wrapped_lowering_error_names_its_cause_on_its_first_line(tiny_spec):
     first = lowering.error.splitlines()[0]
     assert "An error occurred when running" in first and "(cause: RuntimeError: planted index problem in fail)" in first
     other = pipeline.lower(builder.build(tiny_spec), _raising_flow("another problem"))
-    assert signature("portable", "lowering error", lowering.error) != \
-        signature("portable", "lowering error", other.error)
+    assert signature("portable", "lowering error", lowering.error) != signature(
+        "portable", "lowering error", other.error
+    )
 
 
 def test_only_the_emitters_while_loop_limitation_is_unsupported(while_loop_spec):
@@ -52,8 +54,14 @@ def test_only_the_emitters_while_loop_limitation_is_unsupported(while_loop_spec)
 
 
 def _record(*outcomes: str) -> dict:
-    return {"property": "mixed", "digest": "d", "ops": [], "nodes": 1, "repro": None,
-            "flows": [{"flow": f"f{i}", "outcome": o, "known": None, "message": ""} for i, o in enumerate(outcomes)]}
+    return {
+        "property": "mixed",
+        "digest": "d",
+        "ops": [],
+        "nodes": 1,
+        "repro": None,
+        "flows": [{"flow": f"f{i}", "outcome": o, "known": None, "message": ""} for i, o in enumerate(outcomes)],
+    }
 
 
 def test_a_campaign_exit_code_needs_examples_and_a_sound_suite(capsys):

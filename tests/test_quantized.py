@@ -25,21 +25,38 @@ FIXTURES = Path(__file__).resolve().parent / "fixtures"
 def _gemm_chain(scheme="static_per_tensor", modules=None, parametrization=None):
     """x[8, 16] -> Linear(16, 32) -> relu -> Linear(32, 16): one activation
     tensor requantized between two quantized GEMMs."""
-    first = {"kind": "layer", "type": "Linear", "seed": 1,
-             "kwargs": {"in_features": 16, "out_features": 32, "bias": True}}
+    first = {
+        "kind": "layer",
+        "type": "Linear",
+        "seed": 1,
+        "kwargs": {"in_features": 16, "out_features": 32, "bias": True},
+    }
     if parametrization:
         first["parametrizations"] = [parametrization]
-    return {"format": QUANTIZED_FORMAT,
-            "quantization": {"scheme": scheme, "modules": modules, "calibration": 2},
-            "state": {"l0": first,
-                      "l1": {"kind": "layer", "type": "Linear", "seed": 2,
-                             "kwargs": {"in_features": 32, "out_features": 16, "bias": True}}},
-            "methods": {"forward": {
+    return {
+        "format": QUANTIZED_FORMAT,
+        "quantization": {"scheme": scheme, "modules": modules, "calibration": 2},
+        "state": {
+            "l0": first,
+            "l1": {
+                "kind": "layer",
+                "type": "Linear",
+                "seed": 2,
+                "kwargs": {"in_features": 32, "out_features": 16, "bias": True},
+            },
+        },
+        "methods": {
+            "forward": {
                 "inputs": [{"name": "x", "shape": [8, 16], "dtype": "float32"}],
-                "nodes": [{"id": "v0", "op": "layer", "args": ["x"], "state": "l0"},
-                          {"id": "v1", "op": "relu", "args": ["v0"]},
-                          {"id": "v2", "op": "layer", "args": ["v1"], "state": "l1"}],
-                "outputs": ["v2"]}}}
+                "nodes": [
+                    {"id": "v0", "op": "layer", "args": ["x"], "state": "l0"},
+                    {"id": "v1", "op": "relu", "args": ["v0"]},
+                    {"id": "v2", "op": "layer", "args": ["v1"], "state": "l1"},
+                ],
+                "outputs": ["v2"],
+            }
+        },
+    }
 
 
 def _op(node) -> str:
@@ -51,9 +68,11 @@ def _requantization(graph):
     for node in graph.nodes:
         if "dequantize_per_tensor" in _op(node):
             source = node.args[0]
-            if ("quantize_per_tensor" in _op(source) and source.args[0].op == "call_function"
-                    and any("linear" in _op(user) or "addmm" in _op(user) or "mm" in _op(user)
-                            for user in node.users)):
+            if (
+                "quantize_per_tensor" in _op(source)
+                and source.args[0].op == "call_function"
+                and any("linear" in _op(user) or "addmm" in _op(user) or "mm" in _op(user) for user in node.users)
+            ):
                 return source, node
     raise AssertionError("no requantization between two GEMMs in the graph")
 
@@ -66,6 +85,7 @@ def _edit_pass(edit):
         graph_module.graph.eliminate_dead_code()
         graph_module.recompile()
         return PassResult(graph_module, True)
+
     return run
 
 
@@ -108,10 +128,11 @@ def test_stock_xnnpack_matches_the_converted_program(static_program):
 # zero point from the quantize node: a zero point changed on the dequantize
 # alone is no fault there, so that fault is planted in the portable lowering,
 # whose dequantize kernel uses it.
-@pytest.mark.parametrize("edit, base", [(_wrong_scale, "xnnpack"), (_wrong_zero_point, "portable"),
-                                        (_dropped_requantization, "xnnpack")],
-                         ids=["dequantized-with-a-scale-10-percent-off", "zero-point-one-off",
-                              "requantization-dropped"])
+@pytest.mark.parametrize(
+    "edit, base",
+    [(_wrong_scale, "xnnpack"), (_wrong_zero_point, "portable"), (_dropped_requantization, "xnnpack")],
+    ids=["dequantized-with-a-scale-10-percent-off", "zero-point-one-off", "requantization-dropped"],
+)
 def test_broken_quantized_lowerings_are_mismatches(static_program, edit, base):
     assert _equivalence(static_program, flows.get(base)).ok
     verdict = _equivalence(static_program, _flow_with(edit, "test-broken-quantized", base))
@@ -130,8 +151,12 @@ def test_a_few_elements_one_step_off_are_rounding_but_a_whole_tensor_is_not():
 
     step = 0.02
     want = torch.arange(-100, 100, dtype=torch.float32).reshape(10, 20) * step
-    reference = SimpleNamespace(expected=[want], wide=[want.clone()], jittered=[[want.clone()], [want.clone()]],
-                                flips=[[want + step], [want - step]])
+    reference = SimpleNamespace(
+        expected=[want],
+        wide=[want.clone()],
+        jittered=[[want.clone()], [want.clone()]],
+        flips=[[want + step], [want - step]],
+    )
     one = want.clone()
     one[3, 4] += step
     assert tolerance.judge(reference, [one]).problem is None
@@ -152,18 +177,35 @@ def _permuted_then_dynamic_linear():
     """Linear(2, 11) in float, permuted, then a dynamically quantized
     Linear(4, 4): the rows XNNPACK quantizes each with its own parameters
     have 4 elements, the tensor the reference quantizes as one has 176."""
-    return {"format": QUANTIZED_FORMAT,
-            "quantization": {"scheme": "dynamic_per_channel", "modules": ["l1"], "calibration": 1},
-            "state": {"l0": {"kind": "layer", "type": "Linear", "seed": 1,
-                             "kwargs": {"in_features": 2, "out_features": 11, "bias": True}},
-                      "l1": {"kind": "layer", "type": "Linear", "seed": 17,
-                             "kwargs": {"in_features": 4, "out_features": 4, "bias": True}}},
-            "methods": {"forward": {
+    return {
+        "format": QUANTIZED_FORMAT,
+        "quantization": {"scheme": "dynamic_per_channel", "modules": ["l1"], "calibration": 1},
+        "state": {
+            "l0": {
+                "kind": "layer",
+                "type": "Linear",
+                "seed": 1,
+                "kwargs": {"in_features": 2, "out_features": 11, "bias": True},
+            },
+            "l1": {
+                "kind": "layer",
+                "type": "Linear",
+                "seed": 17,
+                "kwargs": {"in_features": 4, "out_features": 4, "bias": True},
+            },
+        },
+        "methods": {
+            "forward": {
                 "inputs": [{"name": "x", "shape": [4, 4, 2], "dtype": "float32"}],
-                "nodes": [{"id": "v0", "op": "layer", "args": ["x"], "state": "l0"},
-                          {"id": "v1", "op": "permute", "args": ["v0"], "attrs": {"dims": [2, 1, 0]}},
-                          {"id": "v2", "op": "layer", "args": ["v1"], "state": "l1"}],
-                "outputs": ["v2"]}}}
+                "nodes": [
+                    {"id": "v0", "op": "layer", "args": ["x"], "state": "l0"},
+                    {"id": "v1", "op": "permute", "args": ["v0"], "attrs": {"dims": [2, 1, 0]}},
+                    {"id": "v2", "op": "layer", "args": ["v1"], "state": "l1"},
+                ],
+                "outputs": ["v2"],
+            }
+        },
+    }
 
 
 def test_the_per_row_run_is_what_xnnpack_computes_for_a_dynamic_quantization():
@@ -184,9 +226,10 @@ def test_the_per_row_run_is_what_xnnpack_computes_for_a_dynamic_quantization():
     assert verdict.ok, verdict.message
     inputs = dict(built.input_cases("forward"))
     for method, kind, actual in lowering.observed:
-        per_row, = _Perturbed(built.converted[method], "per_row", 0,
-                              tolerance.op_ulps("executorch", "float32")).run(*inputs[kind])
-        converted, = built.converted[method](*inputs[kind])
+        (per_row,) = _Perturbed(built.converted[method], "per_row", 0, tolerance.op_ulps("executorch", "float32")).run(
+            *inputs[kind]
+        )
+        (converted,) = built.converted[method](*inputs[kind])
         torch.testing.assert_close(actual[0], per_row, atol=2e-6, rtol=1e-5)
         assert not torch.allclose(actual[0], converted, atol=1e-4)
 
@@ -195,8 +238,9 @@ def test_the_per_row_run_leaves_a_broken_dynamic_lowering_a_mismatch(broken_flow
     """The per-row run widens the dynamic bound only to what XNNPACK computes:
     XNNPACK's outputs scaled by the broken flow's pass (10 % off) are still a mismatch."""
     built = builder.build(_permuted_then_dynamic_linear())
-    scaled = dataclasses.replace(flows.get("xnnpack"), name="test-broken-dynamic",
-                                 transform_passes=broken_flow.transform_passes)
+    scaled = dataclasses.replace(
+        flows.get("xnnpack"), name="test-broken-dynamic", transform_passes=broken_flow.transform_passes
+    )
     verdict = _equivalence(built, scaled)
     assert not verdict.ok and verdict.outcome is Outcome.MISMATCH, verdict.message
 
@@ -204,19 +248,22 @@ def test_the_per_row_run_leaves_a_broken_dynamic_lowering_a_mismatch(broken_flow
 def test_the_reference_is_the_converted_program_not_the_float_one(static_program):
     inputs = static_program.inputs("forward")
     quantized = static_program.eager("forward", inputs)[0]
-    float_program = builder.build({k: v for k, v in _gemm_chain().items() if k != "quantization"}
-                                  | {"format": specmod.FORMAT})
+    float_program = builder.build(
+        {k: v for k, v in _gemm_chain().items() if k != "quantization"} | {"format": specmod.FORMAT}
+    )
     assert not quantized.equal(float_program.eager("forward", inputs)[0])
     # On the quantization grid of the output: multiples of its step around its zero point.
-    dequantize = next(n for n in reversed(static_program.converted["forward"].graph.nodes)
-                      if "dequantize_per_tensor" in _op(n))
+    dequantize = next(
+        n for n in reversed(static_program.converted["forward"].graph.nodes) if "dequantize_per_tensor" in _op(n)
+    )
     steps = quantized / float(dequantize.args[1]) + int(dequantize.args[2])
     assert (steps - steps.round()).abs().max() < 1e-3
 
 
 def test_a_quantized_gemm_left_on_portable_is_a_coverage_failure(static_program):
-    declining = dataclasses.replace(flows.get("portable"), name="test-claims-quantized-gemms",
-                                    promises=flows.get("xnnpack").promises)
+    declining = dataclasses.replace(
+        flows.get("portable"), name="test-claims-quantized-gemms", promises=flows.get("xnnpack").promises
+    )
     lowering = pipeline.lower(static_program, declining)
     verdict = coverage.check(lowering)
     assert not verdict.ok and "Q/DQ pattern was not fused" in verdict.message
@@ -229,8 +276,12 @@ def test_quantized_patterns_are_counted_per_operator_delegated_or_not():
     """What the campaign reports per flow: each quantized GEMM by the operator
     its Q/DQ pattern fuses into, and how many a flow left outside a delegate."""
     spec = _gemm_chain()
-    spec["state"]["c0"] = {"kind": "layer", "type": "Conv1d", "seed": 3,
-                           "kwargs": {"in_channels": 8, "out_channels": 8, "kernel_size": 3}}
+    spec["state"]["c0"] = {
+        "kind": "layer",
+        "type": "Conv1d",
+        "seed": 3,
+        "kwargs": {"in_channels": 8, "out_channels": 8, "kernel_size": 3},
+    }
     spec["methods"]["forward"]["nodes"].append({"id": "v3", "op": "unsqueeze", "args": ["v2"], "attrs": {"dim": 0}})
     spec["methods"]["forward"]["nodes"].append({"id": "v4", "op": "layer", "args": ["v3"], "state": "c0"})
     spec["methods"]["forward"]["outputs"] = ["v4"]
@@ -241,11 +292,14 @@ def test_quantized_patterns_are_counted_per_operator_delegated_or_not():
     assert coverage.quantized_patterns(portable) == {"linear": (0, 2), "conv1d": (0, 1)}
 
 
-@pytest.mark.parametrize("bad, message", [
-    ({"format": specmod.FORMAT}, "quantization"),
-    ({"quantization": {"scheme": "static_per_tensor", "modules": ["nope"]}}, "not a layer"),
-    ({"quantization": {"scheme": "int4"}}, "int4"),
-])
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        ({"format": specmod.FORMAT}, "quantization"),
+        ({"quantization": {"scheme": "static_per_tensor", "modules": ["nope"]}}, "not a layer"),
+        ({"quantization": {"scheme": "int4"}}, "int4"),
+    ],
+)
 def test_malformed_quantization_is_a_one_line_error(bad, message):
     with pytest.raises(SpecError, match=message):
         specmod.validate({**_gemm_chain(), **bad})
@@ -254,8 +308,9 @@ def test_malformed_quantization_is_a_one_line_error(bad, message):
 def test_a_quantized_program_cannot_mutate_a_buffer():
     spec = _gemm_chain()
     spec["state"]["b"] = {"kind": "buffer", "shape": [8, 16], "seed": 3, "mutable": True}
-    spec["methods"]["forward"]["nodes"].append({"id": "v3", "op": "buffer_update", "args": ["x"],
-                                                 "attrs": {"how": "add"}, "state": "b"})
+    spec["methods"]["forward"]["nodes"].append(
+        {"id": "v3", "op": "buffer_update", "args": ["x"], "attrs": {"how": "add"}, "state": "b"}
+    )
     with pytest.raises(SpecError, match="mutable buffers"):
         specmod.validate(spec)
 
@@ -281,7 +336,7 @@ def test_the_standalone_script_quantizes_and_judges_as_the_suite(tmp_path, flow_
     assert verdict[-1].startswith("VERDICT: pass" if edit is None else "VERDICT: mismatch"), verdict
 
 
-_BROKEN_RECIPE = '''
+_BROKEN_RECIPE = """
 def partitioners():
     return []
 
@@ -305,11 +360,14 @@ def transform_passes():
 
 def compile_config():
     return None
-'''
+"""
 
 
-@pytest.mark.parametrize("parametrization", [{"type": "weight_norm", "dim": 0}, {"type": "low_rank", "rank": 4}],
-                         ids=["weight_norm", "low_rank"])
+@pytest.mark.parametrize(
+    "parametrization",
+    [{"type": "weight_norm", "dim": 0}, {"type": "low_rank", "rank": 4}],
+    ids=["weight_norm", "low_rank"],
+)
 def test_a_computed_then_quantized_weight_is_folded_by_convert_pt2e(parametrization):
     """convert_pt2e folds a weight computed from parameters into its int8
     constant before lowering: the fold candidate receives a plain quantized
@@ -349,8 +407,7 @@ def test_strategies_draw_valid_quantized_specs_of_every_family():
 
     seen = set()
 
-    @settings(max_examples=15, derandomize=True, database=None, deadline=None,
-              suppress_health_check=list(HealthCheck))
+    @settings(max_examples=15, derandomize=True, database=None, deadline=None, suppress_health_check=list(HealthCheck))
     @given(spec=quantized_programs() | quantized(control_flow_programs()) | quantized(multi_method_programs()))
     def check(spec):
         specmod.validate(spec)
@@ -366,10 +423,13 @@ def test_xnnpack_flows_form_one_group_baseline_first():
     candidates together; Core AI, which promises no quantized GEMMs, is not in it."""
     from etprop.commands.pytest_plugin import quantized_flow_groups
 
-    chosen = [flows.get(name) for name in ("portable", "xnnpack", "coreai", "xnnpack+fold", "xnnpack+cf",
-                                           "coreai+multifunction")]
-    assert [[f.name for f in group] for group in quantized_flow_groups(chosen)] == \
-        [["xnnpack", "xnnpack+fold", "xnnpack+cf"]]
+    chosen = [
+        flows.get(name)
+        for name in ("portable", "xnnpack", "coreai", "xnnpack+fold", "xnnpack+cf", "coreai+multifunction")
+    ]
+    assert [[f.name for f in group] for group in quantized_flow_groups(chosen)] == [
+        ["xnnpack", "xnnpack+fold", "xnnpack+cf"]
+    ]
 
 
 def test_a_property_share_multiplies_examples_in_campaigns_only(monkeypatch):
@@ -407,22 +467,43 @@ def test_a_converted_program_torch_export_rejects_is_a_quantization_error(tmp_pa
 
     monkeypatch.setattr(pipeline, "export_program", reject)
     artifacts = check.Artifacts(tmp_path)
-    result = check.run_example(_gemm_chain(), [flows.get("portable"), flows.get("xnnpack")], "quantized",
-                               SINGLE_FLOW, artifacts)
+    result = check.run_example(
+        _gemm_chain(), [flows.get("portable"), flows.get("xnnpack")], "quantized", SINGLE_FLOW, artifacts
+    )
     assert [r.outcome for r in result.results] == [Outcome.QUANTIZATION_ERROR] * 2
     assert "converted (Q/DQ) program does not export" in result.results[0].message
     float_spec = {key: value for key, value in _gemm_chain().items() if key != "quantization"}
     with pytest.raises(pipeline.ExportFailed):
-        check.run_example({**float_spec, "format": specmod.FORMAT}, [flows.get("portable")], "mixed", SINGLE_FLOW,
-                          artifacts)
+        check.run_example(
+            {**float_spec, "format": specmod.FORMAT}, [flows.get("portable")], "mixed", SINGLE_FLOW, artifacts
+        )
 
 
 def test_replaying_a_program_torch_export_rejects_is_one_verdict_not_a_traceback(tmp_path):
-    path = repro.write(tmp_path / "r.json", {k: v for k, v in _gemm_chain().items() if k != "quantization"}
-                       | {"format": specmod.FORMAT}, ["portable"], "mixed", "export error", script=False)
-    completed = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "repro", str(path), "--flow-module",
-                                str(FIXTURES / "export_rejects.py"), "--artifacts", str(tmp_path / "a")],
-                               capture_output=True, text=True, timeout=600)
+    path = repro.write(
+        tmp_path / "r.json",
+        {k: v for k, v in _gemm_chain().items() if k != "quantization"} | {"format": specmod.FORMAT},
+        ["portable"],
+        "mixed",
+        "export error",
+        script=False,
+    )
+    completed = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "etprop.commands.cli",
+            "repro",
+            str(path),
+            "--flow-module",
+            str(FIXTURES / "export_rejects.py"),
+            "--artifacts",
+            str(tmp_path / "a"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert completed.returncode == 1, completed.stdout + completed.stderr[-2000:]
     assert "export error" in completed.stdout and "Traceback" not in completed.stderr, completed.stderr[-2000:]
 
@@ -430,21 +511,46 @@ def test_replaying_a_program_torch_export_rejects_is_one_verdict_not_a_traceback
 def test_perturbed_runs_reach_into_control_flow_bodies():
     """A GEMM quantized inside a scan body moves in the perturbed runs as it
     does at top level: the bound of a body's output is not zero."""
-    import torch
 
-    spec = {"format": QUANTIZED_FORMAT,
-            "quantization": {"scheme": "dynamic_per_tensor", "modules": None, "calibration": 1},
-            "state": {"w": {"kind": "weight", "shape": [4, 4], "seed": 1, "scale": 0.5},
-                      "b": {"kind": "weight", "shape": [4], "seed": 2, "scale": 0.5}},
-            "methods": {"forward": {
+    spec = {
+        "format": QUANTIZED_FORMAT,
+        "quantization": {"scheme": "dynamic_per_tensor", "modules": None, "calibration": 1},
+        "state": {
+            "w": {"kind": "weight", "shape": [4, 4], "seed": 1, "scale": 0.5},
+            "b": {"kind": "weight", "shape": [4], "seed": 2, "scale": 0.5},
+        },
+        "methods": {
+            "forward": {
                 "inputs": [{"name": "x", "shape": [3, 4], "dtype": "float32"}],
-                "nodes": [{"id": "s", "op": "slice", "args": ["x"], "attrs": {"dim": 0, "start": 0, "end": 1, "step": 1}},
-                          {"id": "v0", "op": "squeeze", "args": ["s"], "attrs": {"dim": 0}},
-                          {"id": "v1", "op": "scan", "args": ["v0", "x"], "attrs": {"select": 0},
-                           "bodies": [{"params": ["c", "e"], "outputs": ["b1"],
-                                       "nodes": [{"id": "b1", "op": "linear", "args": ["c"], "state": "w",
-                                                  "attrs": {"bias_state": "b"}}]}]}],
-                "outputs": ["v1"]}}}
+                "nodes": [
+                    {"id": "s", "op": "slice", "args": ["x"], "attrs": {"dim": 0, "start": 0, "end": 1, "step": 1}},
+                    {"id": "v0", "op": "squeeze", "args": ["s"], "attrs": {"dim": 0}},
+                    {
+                        "id": "v1",
+                        "op": "scan",
+                        "args": ["v0", "x"],
+                        "attrs": {"select": 0},
+                        "bodies": [
+                            {
+                                "params": ["c", "e"],
+                                "outputs": ["b1"],
+                                "nodes": [
+                                    {
+                                        "id": "b1",
+                                        "op": "linear",
+                                        "args": ["c"],
+                                        "state": "w",
+                                        "attrs": {"bias_state": "b"},
+                                    }
+                                ],
+                            }
+                        ],
+                    },
+                ],
+                "outputs": ["v1"],
+            }
+        },
+    }
     built = builder.build(spec)
     from etprop.oracles import tolerance
 
@@ -463,15 +569,22 @@ def test_a_tiny_softplus_lost_before_a_rounding_op_is_not_a_mismatch(tiny_input)
 
     from etprop.oracles import tolerance
 
-    spec = {"format": QUANTIZED_FORMAT,
-            "quantization": {"scheme": "static_per_tensor", "modules": None, "calibration": 1},
-            "state": {},
-            "methods": {"forward": {
+    spec = {
+        "format": QUANTIZED_FORMAT,
+        "quantization": {"scheme": "static_per_tensor", "modules": None, "calibration": 1},
+        "state": {},
+        "methods": {
+            "forward": {
                 "inputs": [{"name": "x", "shape": [1, 4], "dtype": "float32"}],
-                "nodes": [{"id": "v0", "op": "hardtanh", "args": ["x"]},
-                          {"id": "v1", "op": "softplus", "args": ["x"], "attrs": {"threshold": 5.0}},
-                          {"id": "v2", "op": "ceil", "args": ["v1"]}],
-                "outputs": ["v0", "v2"]}}}
+                "nodes": [
+                    {"id": "v0", "op": "hardtanh", "args": ["x"]},
+                    {"id": "v1", "op": "softplus", "args": ["x"], "attrs": {"threshold": 5.0}},
+                    {"id": "v2", "op": "ceil", "args": ["v1"]},
+                ],
+                "outputs": ["v0", "v2"],
+            }
+        },
+    }
     built = builder.build(spec)
     inputs = (torch.tensor([[tiny_input, -1.0, 0.5, 2.0]]),)
     reference = built.reference("forward", inputs, ulps=tolerance.op_ulps("executorch", "float32"))
@@ -494,8 +607,12 @@ def test_reused_pattern_graphs_convert_a_program_exactly_as_fresh_exports_do():
     from etprop.program import quantize
 
     spec = _gemm_chain()
-    spec["state"]["bn"] = {"kind": "layer", "type": "BatchNorm1d", "seed": 3,
-                           "kwargs": {"num_features": 16, "eps": 1e-3, "affine": True}}
+    spec["state"]["bn"] = {
+        "kind": "layer",
+        "type": "BatchNorm1d",
+        "seed": 3,
+        "kwargs": {"num_features": 16, "eps": 1e-3, "affine": True},
+    }
     spec["methods"]["forward"]["nodes"].append({"id": "v3", "op": "layer", "args": ["v2"], "state": "bn"})
     spec["methods"]["forward"]["outputs"] = ["v3"]
     original = utils._get_aten_graph_module_for_pattern
@@ -537,15 +654,21 @@ def test_a_method_eager_refuses_is_not_a_quantization_failure():
     that is a program defect, reported as one, never charged to PT2E."""
     from etprop.program.quantize import QuantizationFailed
 
-    body = {"inputs": [{"name": "x", "shape": [3, 10], "dtype": "float32"}],
-            "nodes": [{"id": "v0", "op": "addmm", "args": ["x"], "state": "w",
-                       "attrs": {"bias_state": "b", "beta": 0.0}}],
-            "outputs": ["v0"]}
+    body = {
+        "inputs": [{"name": "x", "shape": [3, 10], "dtype": "float32"}],
+        "nodes": [{"id": "v0", "op": "addmm", "args": ["x"], "state": "w", "attrs": {"bias_state": "b", "beta": 0.0}}],
+        "outputs": ["v0"],
+    }
     other = {**body, "inputs": [{"name": "x", "shape": [6, 10], "dtype": "float32"}]}
-    spec = {"format": QUANTIZED_FORMAT, "methods": {"forward": body, "encode": other},
-            "state": {"w": {"kind": "weight", "shape": [10, 3], "seed": 1},
-                      "b": {"kind": "weight", "shape": [3, 3], "seed": 2}},
-            "quantization": {"scheme": "static_per_tensor", "calibration": 1, "modules": None}}
+    spec = {
+        "format": QUANTIZED_FORMAT,
+        "methods": {"forward": body, "encode": other},
+        "state": {
+            "w": {"kind": "weight", "shape": [10, 3], "seed": 1},
+            "b": {"kind": "weight", "shape": [3, 3], "seed": 2},
+        },
+        "quantization": {"scheme": "static_per_tensor", "calibration": 1, "modules": None},
+    }
     with pytest.raises(QuantizationFailed) as failed:
         builder.build(spec, validate=False)
     assert failed.value.stage == "export" and "does not run in eager" in str(failed.value)
@@ -562,8 +685,9 @@ def test_a_converted_programs_group_norm_is_bounded_like_the_float_ones():
 
     from etprop.oracles import tolerance
 
-    spec = json.loads((Path(__file__).parent / "fixtures" / "quantized_group_norm_one_value_groups.json")
-                      .read_text())["spec"]
+    spec = json.loads((Path(__file__).parent / "fixtures" / "quantized_group_norm_one_value_groups.json").read_text())[
+        "spec"
+    ]
     built = builder.build(spec)
     layer = built.module.n11
     (x,) = inputs = built.inputs("forward")

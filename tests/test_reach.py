@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -19,11 +18,20 @@ from etprop.oracles.sets import SINGLE_FLOW
 from etprop.program.spec import FORMAT
 from etprop.verdicts.session import Session
 
-LINEAR = {"format": FORMAT, "state": {"w": {"kind": "weight", "shape": [8, 8], "seed": 1, "scale": 0.3}},
-          "methods": {"forward": {"inputs": [{"name": "x", "shape": [3, 8], "dtype": "float32"}],
-                                  "nodes": [{"id": "v0", "op": "linear", "args": ["x"], "state": "w"},
-                                            {"id": "v1", "op": "relu", "args": ["v0"]}],
-                                  "outputs": ["v1"]}}}
+LINEAR = {
+    "format": FORMAT,
+    "state": {"w": {"kind": "weight", "shape": [8, 8], "seed": 1, "scale": 0.3}},
+    "methods": {
+        "forward": {
+            "inputs": [{"name": "x", "shape": [3, 8], "dtype": "float32"}],
+            "nodes": [
+                {"id": "v0", "op": "linear", "args": ["x"], "state": "w"},
+                {"id": "v1", "op": "relu", "args": ["v0"]},
+            ],
+            "outputs": ["v1"],
+        }
+    },
+}
 
 
 @pytest.fixture
@@ -70,8 +78,7 @@ def test_a_lowering_reaches_the_partitioner_once_and_the_report_counts_it(metere
     text = "\n".join(section.text())
     assert "xnnpack partitioner" in text and "2 of 2 examples measured" in text
     assert "<svg" in section.html() and "<polyline" in section.plot()
-    assert section.to_json()["components"]["xnnpack partitioner"]["branches_reached"] == \
-        partitioner.branches_reached
+    assert section.to_json()["components"]["xnnpack partitioner"]["branches_reached"] == partitioner.branches_reached
 
 
 def test_a_new_process_does_not_count_what_earlier_processes_reached(metered):
@@ -79,11 +86,14 @@ def test_a_new_process_does_not_count_what_earlier_processes_reached(metered):
     session = Session(metered / "artifacts", isolated=False)
     session.run(LINEAR, [flows.get("xnnpack")], "mixed", SINGLE_FLOW)
     session.close()
-    code = ("from pathlib import Path; from etprop.lowering import reach; "
-            f"m = reach.Meter(Path({str(metered / 'reach')!r})); "
-            "print(sum(len(arcs) for arcs in m.seen.values()))")
-    seen = int(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-               .stdout.split()[-1])
+    code = (
+        "from pathlib import Path; from etprop.lowering import reach; "
+        f"m = reach.Meter(Path({str(metered / 'reach')!r})); "
+        "print(sum(len(arcs) for arcs in m.seen.values()))"
+    )
+    seen = int(
+        subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()[-1]
+    )
     assert seen > 1000
 
 
@@ -126,9 +136,13 @@ def test_a_round_runs_first_the_items_the_schedule_favours(tmp_path, monkeypatch
     scheduled = tmp_path / "schedule.json"
     scheduled.write_text(json.dumps({"big": {"earned": 1.0}, "small": {"earned": 12.0}}))
     values = {"etprop_served": str(served), "etprop_round": "1", "etprop_schedule": str(scheduled)}
-    config = SimpleNamespace(getoption=lambda name, default=None: values.get(name),
-                             hook=SimpleNamespace(pytest_deselected=lambda items: None))
-    items = [SimpleNamespace(nodeid=name, function=SimpleNamespace(etprop_share=share))
-             for name, share in (("big", 12), ("small", 1))]
+    config = SimpleNamespace(
+        getoption=lambda name, default=None: values.get(name),
+        hook=SimpleNamespace(pytest_deselected=lambda items: None),
+    )
+    items = [
+        SimpleNamespace(nodeid=name, function=SimpleNamespace(etprop_share=share))
+        for name, share in (("big", 12), ("small", 1))
+    ]
     pytest_plugin.pytest_collection_modifyitems(config, items)
     assert [item.nodeid for item in items] == ["small"], "the item earning more was not run first"

@@ -29,12 +29,12 @@ class _Blocks(nn.Module):
         self.mat = nn.Parameter(torch.randn(8, 8))
 
     def forward(self, x):
-        y = F.relu6(self.bn(self.conv(x)))                       # (1, 8, 4, 4)
+        y = F.relu6(self.bn(self.conv(x)))  # (1, 8, 4, 4)
         a, b = y.chunk(2, dim=1)
         y = torch.cat([b, a], dim=1)
-        y = F.max_pool2d(y, 2, ceil_mode=True)                   # (1, 8, 2, 2)
-        y = F.interpolate(y, scale_factor=2.0, mode="nearest")   # (1, 8, 4, 4)
-        tokens = y.flatten(2).permute(0, 2, 1)                   # (1, 16, 8)
+        y = F.max_pool2d(y, 2, ceil_mode=True)  # (1, 8, 2, 2)
+        y = F.interpolate(y, scale_factor=2.0, mode="nearest")  # (1, 8, 4, 4)
+        tokens = y.flatten(2).permute(0, 2, 1)  # (1, 16, 8)
         tokens = self.norm(tokens) * self.gain
         q, k, v = torch.cat([tokens, self.proj(tokens), self.proj(tokens).square()]).unbind(0)
         attended = F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0))
@@ -125,16 +125,15 @@ class _Mixed(nn.Module):
         self.scale = nn.Parameter(torch.ones(4))
 
     def forward(self, ids, x):
-        folded = self.scale.exp() * 2          # from parameters only
-        y = self.embed(ids) + x                 # integer indices
-        return torch.erf(y) * folded            # erf: not in the vocabulary
+        folded = self.scale.exp() * 2  # from parameters only
+        y = self.embed(ids) + x  # integer indices
+        return torch.erf(y) * folded  # erf: not in the vocabulary
 
 
 def test_nodes_are_classified_and_windows_read_what_they_cannot_compute_as_inputs():
     program = torch.export.export(_Mixed().eval(), (torch.tensor([[1, 2]]), torch.randn(1, 2, 4)))
     graph = model_windows.translate("mixed", program)
-    assert graph.classes == {"parameters only": 2, "integer and indexing": 1, "expressed": 2,
-                             "not expressed: erf": 1}
+    assert graph.classes == {"parameters only": 2, "integer and indexing": 1, "expressed": 2, "not expressed: erf": 1}
     # The add reads the embedding's output and x; the mul reads erf's output
     # and, for the value computed from parameters, a seeded parameter.
     added = model_windows.window(graph, 0, 30, seed=0)
@@ -179,7 +178,9 @@ def test_drawn_windows_are_valid_connected_programs_of_3_to_30_nodes(spec):
 def test_a_missing_model_library_is_one_line_naming_the_fix(monkeypatch):
     monkeypatch.setattr(model_zoo, "_has", lambda library: False)
     model_zoo.exported.cache_clear()
-    with pytest.raises(ImportError, match=r"^the real-model recipe 'bert' needs transformers: pip install 'etprop\[models\]'"):
+    with pytest.raises(
+        ImportError, match=r"^the real-model recipe 'bert' needs transformers: pip install 'etprop\[models\]'"
+    ):
         model_zoo.exported("bert")
 
 
@@ -191,8 +192,9 @@ def test_the_coverage_benchmark_prints_each_model_and_kind(capsys):
     spec = importlib.util.spec_from_file_location("real_model_coverage", path)
     benchmark = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(benchmark)
-    monkeypatch_graph = model_windows.translate("mixed", torch.export.export(
-        _Mixed().eval(), (torch.tensor([[1, 2]]), torch.randn(1, 2, 4))))
+    monkeypatch_graph = model_windows.translate(
+        "mixed", torch.export.export(_Mixed().eval(), (torch.tensor([[1, 2]]), torch.randn(1, 2, 4)))
+    )
     model_windows._GRAPHS["bert"] = monkeypatch_graph
     try:
         assert benchmark.main(["bert"]) == 0

@@ -19,12 +19,14 @@ FAULTY = str(ROOT / "tests" / "fixtures" / "faulty_flows.py")
 
 
 def _etprop(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "etprop.commands.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "etprop.commands.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
-@pytest.mark.parametrize("fault, stage", [("test-fault-segfault", "in lowering"),
-                                          ("test-fault-runtime-segfault", "in runtime execution")])
+@pytest.mark.parametrize(
+    "fault, stage", [("test-fault-segfault", "in lowering"), ("test-fault-runtime-segfault", "in runtime execution")]
+)
 def test_repro_of_a_crash_replays_in_the_worker(tmp_path, make_linear_relu_spec, fault, stage):
     """The command survives the segfault it replays and reports it as a crash."""
     path = repro.write(tmp_path / "crash.json", make_linear_relu_spec(), [fault], "mixed", "crash", script=False)
@@ -34,8 +36,7 @@ def test_repro_of_a_crash_replays_in_the_worker(tmp_path, make_linear_relu_spec,
 
 
 def test_repro_from_other_versions_says_so(tmp_path, make_linear_relu_spec):
-    path = repro.write(tmp_path / "old.json", make_linear_relu_spec(), ["portable"], "mixed", "mismatch",
-                       script=False)
+    path = repro.write(tmp_path / "old.json", make_linear_relu_spec(), ["portable"], "mixed", "mismatch", script=False)
     record = json.loads(path.read_text())
     record["versions"]["executorch"] = "0.0.1"
     path.write_text(json.dumps(record))
@@ -46,10 +47,30 @@ def test_repro_from_other_versions_says_so(tmp_path, make_linear_relu_spec):
 def test_campaign_killed_with_sigkill_leaves_every_failure_replayable(tmp_path):
     artifacts = tmp_path / "artifacts"
     campaign = subprocess.Popen(
-        [sys.executable, "-m", "etprop.commands.cli", "fuzz", "--flow-module", BROKEN, "--flows", "test-broken-weights",
-         "--properties", "mixed_programs", "--minutes", "10", "--no-shrink", "--workers", "1",
-         "--artifacts", str(artifacts)],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        [
+            sys.executable,
+            "-m",
+            "etprop.commands.cli",
+            "fuzz",
+            "--flow-module",
+            BROKEN,
+            "--flows",
+            "test-broken-weights",
+            "--properties",
+            "mixed_programs",
+            "--minutes",
+            "10",
+            "--no-shrink",
+            "--workers",
+            "1",
+            "--artifacts",
+            str(artifacts),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 600
     try:
         while time.monotonic() < deadline and not list((artifacts / "repros").glob("*.json")):
@@ -98,6 +119,11 @@ def test_draws_do_not_depend_on_which_local_modules_are_imported(tmp_path, mode,
     to the first's; without the guard its literals change them."""
     literals = ", ".join(str(7919 * k) for k in range(1, 120))
     (tmp_path / "probe_constants.py").write_text(f"VALUES = [{literals}]\n")
-    result = subprocess.run([sys.executable, "-c", DRAW_TWICE, mode, str(tmp_path)], capture_output=True,
-                            text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", DRAW_TWICE, mode, str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.stdout.strip() == expected, result.stdout + result.stderr

@@ -5,10 +5,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from etprop.verdicts import repro
 from etprop.commands import shrink
 from etprop.program import spec as specmod
 from etprop.program.spec import FORMAT
+from etprop.verdicts import repro
 
 ROOT = Path(__file__).resolve().parent.parent
 BROKEN = str(ROOT / "tests" / "fixtures" / "broken_flows.py")
@@ -19,24 +19,35 @@ def _big_spec() -> dict:
     return {
         "format": FORMAT,
         "state": {
-            "w": {"kind": "weight", "shape": [8, 8], "seed": 1, "scale": 0.3,
-                  "parametrizations": [{"type": "weight_norm", "dim": 0}, {"type": "scale", "factor": 2.0}]},
+            "w": {
+                "kind": "weight",
+                "shape": [8, 8],
+                "seed": 1,
+                "scale": 0.3,
+                "parametrizations": [{"type": "weight_norm", "dim": 0}, {"type": "scale", "factor": 2.0}],
+            },
             "unused": {"kind": "weight", "shape": [3, 3], "seed": 2},
         },
         "methods": {
             "forward": {
-                "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"},
-                           {"name": "y", "shape": [2, 8], "dtype": "float32"}],
-                "nodes": [{"id": "a", "op": "relu", "args": ["x"]},
-                          {"id": "b", "op": "tanh", "args": ["a"]},
-                          {"id": "c", "op": "linear", "args": ["b"], "state": "w"},
-                          {"id": "d", "op": "sigmoid", "args": ["c"]},
-                          {"id": "dead", "op": "exp_bounded", "args": ["x"]}],
-                "outputs": ["d", "a"]},
+                "inputs": [
+                    {"name": "x", "shape": [2, 8], "dtype": "float32"},
+                    {"name": "y", "shape": [2, 8], "dtype": "float32"},
+                ],
+                "nodes": [
+                    {"id": "a", "op": "relu", "args": ["x"]},
+                    {"id": "b", "op": "tanh", "args": ["a"]},
+                    {"id": "c", "op": "linear", "args": ["b"], "state": "w"},
+                    {"id": "d", "op": "sigmoid", "args": ["c"]},
+                    {"id": "dead", "op": "exp_bounded", "args": ["x"]},
+                ],
+                "outputs": ["d", "a"],
+            },
             "prefill": {
                 "inputs": [{"name": "x", "shape": [4, 8], "dtype": "float32"}],
                 "nodes": [{"id": "a", "op": "gelu", "args": ["x"]}],
-                "outputs": ["a"]},
+                "outputs": ["a"],
+            },
         },
     }
 
@@ -52,10 +63,10 @@ def test_prune_removes_dead_nodes_unused_inputs_and_state():
 
 def test_shrink_reaches_the_smallest_program_that_keeps_the_failure():
     """The 'defect' needs a linear on a weight_norm weight: everything else goes."""
+
     def still_fails(spec):
         linear = any(n["op"] == "linear" for _, n in specmod.all_nodes(spec))
-        normed = any(p["type"] == "weight_norm" for e in spec["state"].values()
-                     for p in e.get("parametrizations", []))
+        normed = any(p["type"] == "weight_norm" for e in spec["state"].values() for p in e.get("parametrizations", []))
         return linear and normed
 
     smallest = shrink.shrink(_big_spec(), still_fails, log=lambda line: None)
@@ -69,16 +80,26 @@ def test_a_node_whose_producers_no_bypass_can_remove_is_read_from_a_new_input():
     """The 'defect' needs an addmm whose bias is its weight; the amax feeding
     it changes the rank, so no argument can stand in for it: a new input of
     the amax's shape does, and the repro is the one addmm."""
-    spec = {"format": FORMAT, "state": {"w": {"kind": "weight", "shape": [1, 9], "seed": 2}},
-            "methods": {"forward": {
+    spec = {
+        "format": FORMAT,
+        "state": {"w": {"kind": "weight", "shape": [1, 9], "seed": 2}},
+        "methods": {
+            "forward": {
                 "inputs": [{"name": "x", "shape": [1, 1, 1], "dtype": "float32"}],
-                "nodes": [{"id": "a", "op": "amax", "args": ["x"], "attrs": {"dim": 1}},
-                          {"id": "b", "op": "addmm", "args": ["a"], "state": "w", "attrs": {"bias_state": "w"}}],
-                "outputs": ["b"]}}}
+                "nodes": [
+                    {"id": "a", "op": "amax", "args": ["x"], "attrs": {"dim": 1}},
+                    {"id": "b", "op": "addmm", "args": ["a"], "state": "w", "attrs": {"bias_state": "w"}},
+                ],
+                "outputs": ["b"],
+            }
+        },
+    }
 
     def still_fails(candidate):
-        return any(n["op"] == "addmm" and n.get("attrs", {}).get("bias_state") == n.get("state")
-                   for _, n in specmod.all_nodes(candidate))
+        return any(
+            n["op"] == "addmm" and n.get("attrs", {}).get("bias_state") == n.get("state")
+            for _, n in specmod.all_nodes(candidate)
+        )
 
     smallest = shrink.shrink(spec, still_fails, log=lambda line: None)
     forward = smallest["methods"]["forward"]
@@ -90,6 +111,7 @@ def test_a_node_whose_producers_no_bypass_can_remove_is_read_from_a_new_input():
 def test_a_shrink_cut_off_midway_has_already_handed_over_its_smallest_failing_spec():
     """A check that crashes the shrinker (an out-of-memory kill, a native
     abort) must not take the progress made before it with it."""
+
     def still_fails(spec):
         return any(n["op"] == "linear" for _, n in specmod.all_nodes(spec))
 
@@ -117,8 +139,9 @@ def test_shrink_keeps_the_original_when_nothing_smaller_fails():
 
 
 def _etprop(*args, timeout=900):
-    return subprocess.run([sys.executable, "-m", "etprop.commands.cli", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "etprop.commands.cli", *args], capture_output=True, text=True, timeout=timeout, cwd=ROOT
+    )
 
 
 def test_shrink_command_writes_a_smaller_repro_that_still_fails(tmp_path, broken_flow):
@@ -129,8 +152,9 @@ def test_shrink_command_writes_a_smaller_repro_that_still_fails(tmp_path, broken
     assert specmod.count_ops(shrunk["spec"]) < specmod.count_ops(_big_spec())
     assert len(shrunk["spec"]["methods"]) == 1 and shrunk["outcome"] == "mismatch"
     assert (tmp_path / "r.shrunk.py").exists()
-    replayed = _etprop("repro", "--flow-module", BROKEN, str(tmp_path / "r.shrunk.json"),
-                       "--artifacts", str(tmp_path / "a"))
+    replayed = _etprop(
+        "repro", "--flow-module", BROKEN, str(tmp_path / "r.shrunk.json"), "--artifacts", str(tmp_path / "a")
+    )
     assert replayed.returncode == 1 and "verdict: still failing" in replayed.stdout
 
 
@@ -142,32 +166,48 @@ def test_shrink_refuses_a_repro_that_passes(tmp_path, make_linear_relu_spec):
 
 def _quantized_spec() -> dict:
     """Two quantized layers and a tanh; the 'defect' is chosen per test."""
-    layer = lambda seed, n: {"kind": "layer", "type": "Linear", "seed": seed,
-                             "kwargs": {"in_features": 8, "out_features": n, "bias": True}}
-    return {"format": specmod.QUANTIZED_FORMAT,
-            "quantization": {"scheme": "static_per_channel", "modules": None, "calibration": 3},
-            "state": {"l0": layer(1, 8), "l1": layer(2, 4)},
-            "methods": {"forward": {
+    layer = lambda seed, n: {
+        "kind": "layer",
+        "type": "Linear",
+        "seed": seed,
+        "kwargs": {"in_features": 8, "out_features": n, "bias": True},
+    }
+    return {
+        "format": specmod.QUANTIZED_FORMAT,
+        "quantization": {"scheme": "static_per_channel", "modules": None, "calibration": 3},
+        "state": {"l0": layer(1, 8), "l1": layer(2, 4)},
+        "methods": {
+            "forward": {
                 "inputs": [{"name": "x", "shape": [2, 8], "dtype": "float32"}],
-                "nodes": [{"id": "a", "op": "layer", "args": ["x"], "state": "l0"},
-                          {"id": "b", "op": "tanh", "args": ["a"]},
-                          {"id": "c", "op": "layer", "args": ["b"], "state": "l1"}],
-                "outputs": ["c"]}}}
+                "nodes": [
+                    {"id": "a", "op": "layer", "args": ["x"], "state": "l0"},
+                    {"id": "b", "op": "tanh", "args": ["a"]},
+                    {"id": "c", "op": "layer", "args": ["b"], "state": "l1"},
+                ],
+                "outputs": ["c"],
+            }
+        },
+    }
 
 
 def test_shrinking_drops_a_quantization_the_failure_does_not_need():
-    shrunk = shrink.shrink_to(_quantized_spec(), lambda s: any(n["op"] == "tanh" for _, n in specmod.all_nodes(s)),
-                              log=lambda _: None)
+    shrunk = shrink.shrink_to(
+        _quantized_spec(), lambda s: any(n["op"] == "tanh" for _, n in specmod.all_nodes(s)), log=lambda _: None
+    )
     assert "quantization" not in shrunk.spec and shrunk.spec["format"] == FORMAT
     specmod.validate(shrunk.spec)
 
 
 def test_shrinking_narrows_quantization_to_the_layer_that_matters():
     """Both layers stay (the 'defect' needs the program), only l1 needs quantizing."""
+
     def still_fails(spec):
         quantization = spec.get("quantization")
-        return (bool(quantization) and "l1" in (quantization.get("modules") or spec["state"])
-                and set(spec["state"]) == {"l0", "l1"})
+        return (
+            bool(quantization)
+            and "l1" in (quantization.get("modules") or spec["state"])
+            and set(spec["state"]) == {"l0", "l1"}
+        )
 
     shrunk = shrink.shrink_to(_quantized_spec(), still_fails, log=lambda _: None)
     assert shrunk.spec["quantization"] == {"scheme": "static_per_channel", "modules": ["l1"], "calibration": 1}
@@ -183,8 +223,9 @@ def test_a_program_pt2e_cannot_quantize_is_still_a_valid_candidate(monkeypatch):
 
     monkeypatch.setattr(quantize, "quantized", fail)
     assert shrink._is_valid(_quantized_spec())
-    monkeypatch.setattr(quantize, "quantized",
-                        lambda built: (_ for _ in ()).throw(quantize.QuantizationFailed("export", "rejected")))
+    monkeypatch.setattr(
+        quantize, "quantized", lambda built: (_ for _ in ()).throw(quantize.QuantizationFailed("export", "rejected"))
+    )
     assert not shrink._is_valid(_quantized_spec())
 
 

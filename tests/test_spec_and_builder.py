@@ -9,10 +9,10 @@ import pytest
 import torch
 from hypothesis import given, settings
 
-from etprop.program import builder
-from etprop.lowering import pipeline
-from etprop.program import spec as specmod
 from etprop.errors import UsageError
+from etprop.lowering import pipeline
+from etprop.program import builder
+from etprop.program import spec as specmod
 from etprop.strategies import sizes
 from etprop.strategies.programs import computed_weight_programs, programs
 
@@ -37,24 +37,29 @@ def test_builder_is_deterministic(spec):
         torch.testing.assert_close(a, b, rtol=0, atol=0, equal_nan=True)
 
 
-@pytest.mark.parametrize("family", [programs(max_nodes=16), computed_weight_programs(max_nodes=8)],
-                         ids=["mixed", "computed_weights"])
+@pytest.mark.parametrize(
+    "family", [programs(max_nodes=16), computed_weight_programs(max_nodes=8)], ids=["mixed", "computed_weights"]
+)
 def test_every_family_draws_exportable_programs(family):
     @settings(max_examples=12, deadline=None, database=None, derandomize=True)
     @given(spec=family)
     def exportable(spec):
         exported = pipeline.export_program(builder.build(spec))
         assert set(exported) == set(spec["methods"])
+
     exportable()
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda s: s.update(format="other/9"), "spec format"),
-    (lambda s: s["methods"]["forward"]["nodes"][0].update(op="frobnicate"), "unknown op 'frobnicate'"),
-    (lambda s: s["methods"]["forward"]["nodes"][1].update(args=["nowhere"]), "reads 'nowhere' before"),
-    (lambda s: s["methods"]["forward"]["nodes"][0].update(state="missing"), "unknown state 'missing'"),
-    (lambda s: s["methods"]["forward"].update(outputs=[]), "outputs: \\[\\] should be non-empty"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda s: s.update(format="other/9"), "spec format"),
+        (lambda s: s["methods"]["forward"]["nodes"][0].update(op="frobnicate"), "unknown op 'frobnicate'"),
+        (lambda s: s["methods"]["forward"]["nodes"][1].update(args=["nowhere"]), "reads 'nowhere' before"),
+        (lambda s: s["methods"]["forward"]["nodes"][0].update(state="missing"), "unknown state 'missing'"),
+        (lambda s: s["methods"]["forward"].update(outputs=[]), "outputs: \\[\\] should be non-empty"),
+    ],
+)
 def test_invalid_specs_name_the_problem(tiny_spec, mutate, message):
     mutate(tiny_spec)
     with pytest.raises(UsageError, match=message):
@@ -86,11 +91,14 @@ def _is_dynamic(spec):
 def test_dynamic_batch_programs_export_and_run_at_both_bounds():
     from hypothesis import find
 
-    spec = find(programs(min_nodes=3, max_nodes=10, dynamic_batch=True), _is_dynamic,
-                settings=settings(database=None, derandomize=True, max_examples=500))
+    spec = find(
+        programs(min_nodes=3, max_nodes=10, dynamic_batch=True),
+        _is_dynamic,
+        settings=settings(database=None, derandomize=True, max_examples=500),
+    )
     built = builder.build(spec)
     exported = pipeline.export_program(built)["forward"].module()
-    (dim, low, high), = spec["methods"]["forward"]["inputs"][0]["dynamic"]
+    ((dim, low, high),) = spec["methods"]["forward"]["inputs"][0]["dynamic"]
     labels = [label for label, _ in built.input_cases("forward")]
     assert labels[-2:] == ["normal at the min dynamic sizes", "normal at the max dynamic sizes"]
     for extent, size in (("min", low), ("max", high)):
@@ -107,22 +115,24 @@ def test_half_precision_programs_build_in_their_dtype(dtype):
     def in_dtype(spec):
         assert spec["dtype"] == dtype
         built = builder.build(spec)
-        assert all(t.dtype == getattr(torch, dtype) for t in built.module.state_dict().values()
-                   if t.is_floating_point())
+        assert all(
+            t.dtype == getattr(torch, dtype) for t in built.module.state_dict().values() if t.is_floating_point()
+        )
         inputs = built.inputs("forward")
         assert all(x.dtype == getattr(torch, dtype) for x in inputs)
         pipeline.export_program(built)
+
     in_dtype()
 
 
 def test_a_method_where_no_node_fits_still_gets_an_output():
     """An input larger than drawn ops accept (4 x 12 x 12 x 12 elements) and
     no node drawn: the method outputs one relu of it, not a generator crash."""
+    from hypothesis import strategies as st
+
     from etprop.program import spec as specmod
     from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
     from etprop.strategies.programs import finish_method
-
-    from hypothesis import strategies as st
 
     @settings(max_examples=1, database=None)
     @given(st.just(None))
@@ -142,14 +152,23 @@ def test_neutralizations_of_one_layer_compose():
     from etprop.program.builder import render_source
 
     def norm_program(layer_type, kwargs, attrs):
-        return {"format": specmod.FORMAT, "state": {"n": {"kind": "layer", "type": layer_type, "kwargs": kwargs, "seed": 2}},
-                "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 4, 3, 3], "dtype": "float32"}],
-                                        "nodes": [{"id": "v1", "op": "layer", "args": ["x"], "state": "n",
-                                                   "attrs": attrs}], "outputs": ["v1"]}}}
+        return {
+            "format": specmod.FORMAT,
+            "state": {"n": {"kind": "layer", "type": layer_type, "kwargs": kwargs, "seed": 2}},
+            "methods": {
+                "forward": {
+                    "inputs": [{"name": "x", "shape": [2, 4, 3, 3], "dtype": "float32"}],
+                    "nodes": [{"id": "v1", "op": "layer", "args": ["x"], "state": "n", "attrs": attrs}],
+                    "outputs": ["v1"],
+                }
+            },
+        }
 
     both = {"two_pass": True, "layer_norm_two_pass": True, "by_hand": True}
-    for layer_type, kwargs, alone in (("BatchNorm2d", {"num_features": 4}, {"by_hand": True}),
-                                      ("GroupNorm", {"num_groups": 2, "num_channels": 4}, {"two_pass": True})):
+    for layer_type, kwargs, alone in (
+        ("BatchNorm2d", {"num_features": 4}, {"by_hand": True}),
+        ("GroupNorm", {"num_groups": 2, "num_channels": 4}, {"two_pass": True}),
+    ):
         combined, single = norm_program(layer_type, kwargs, both), norm_program(layer_type, kwargs, alone)
         assert "batch_norm_by_hand=True" in render_source(combined)
         built, reference = builder.build(combined), builder.build(single)
@@ -166,16 +185,27 @@ def test_two_pass_norms_in_half_precision_do_not_overflow():
     eager does and rounds once."""
 
     def norm_program(layer_type, kwargs, attrs, shape):
-        return {"format": specmod.FORMAT, "dtype": "float16",
-                "state": {"n": {"kind": "layer", "type": layer_type, "kwargs": kwargs, "seed": 3}},
-                "methods": {"forward": {"inputs": [{"name": "x", "shape": shape, "dtype": "float16"}],
-                                        "nodes": [{"id": "v1", "op": "layer", "args": ["x"], "state": "n",
-                                                   "attrs": attrs}], "outputs": ["v1"]}}}
+        return {
+            "format": specmod.FORMAT,
+            "dtype": "float16",
+            "state": {"n": {"kind": "layer", "type": layer_type, "kwargs": kwargs, "seed": 3}},
+            "methods": {
+                "forward": {
+                    "inputs": [{"name": "x", "shape": shape, "dtype": "float16"}],
+                    "nodes": [{"id": "v1", "op": "layer", "args": ["x"], "state": "n", "attrs": attrs}],
+                    "outputs": ["v1"],
+                }
+            },
+        }
 
     for layer_type, kwargs, attrs, shape in (
-            ("GroupNorm", {"num_groups": 2, "num_channels": 4}, {"two_pass": True}, [2, 4, 3, 3]),
-            ("LayerNorm", {"normalized_shape": [6]}, {"layer_norm_two_pass": True}, [3, 6])):
-        rewritten, plain = builder.build(norm_program(layer_type, kwargs, attrs, shape)), builder.build(norm_program(layer_type, kwargs, {}, shape))
+        ("GroupNorm", {"num_groups": 2, "num_channels": 4}, {"two_pass": True}, [2, 4, 3, 3]),
+        ("LayerNorm", {"normalized_shape": [6]}, {"layer_norm_two_pass": True}, [3, 6]),
+    ):
+        rewritten, plain = (
+            builder.build(norm_program(layer_type, kwargs, attrs, shape)),
+            builder.build(norm_program(layer_type, kwargs, {}, shape)),
+        )
         wide = (torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 400).half()
         [expected] = plain.eager("forward", [wide])
         [got] = rewritten.eager("forward", [wide])
@@ -199,6 +229,7 @@ def test_campaign_programs_are_bigger_and_ci_draws_are_unchanged(campaign_sizes)
     """The same derandomized draws with and without campaign sizes: the
     campaign's programs are much bigger, and switching back gives CI the same
     programs each time."""
+
     def drawn(count):
         found = []
 
@@ -206,6 +237,7 @@ def test_campaign_programs_are_bigger_and_ci_draws_are_unchanged(campaign_sizes)
         @given(spec=programs(min_nodes=6, max_nodes=32))
         def collect(spec):
             found.append(spec)
+
         collect()
         return found
 
@@ -222,18 +254,46 @@ def mean_ops(specs):
 
 def test_the_plugin_gives_fuzz_profiles_campaign_sizes(tmp_path):
     (tmp_path / "test_probe.py").write_text(
-        "from etprop.strategies import sizes\n"
-        "def test_probe():\n"
-        "    print('CAMPAIGN', sizes._campaign)\n")
-    for profile, chosen, expected in [("fuzz", None, True), ("fuzz-noshrink", None, True), ("ci", None, False),
-                                      ("dev", None, False), ("fuzz", "property", False), ("ci", "campaign", True)]:
+        "from etprop.strategies import sizes\ndef test_probe():\n    print('CAMPAIGN', sizes._campaign)\n"
+    )
+    for profile, chosen, expected in [
+        ("fuzz", None, True),
+        ("fuzz-noshrink", None, True),
+        ("ci", None, False),
+        ("dev", None, False),
+        ("fuzz", "property", False),
+        ("ci", "campaign", True),
+    ]:
         extra = ["--etprop-sizes", chosen] if chosen else []
-        result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-s", "-p", "no:cacheprovider",
-                                 "--etprop-profile", profile, "--etprop-artifacts", str(tmp_path / "artifacts"),
-                                 *extra, "test_probe.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        result = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-s",
+                "-p",
+                "no:cacheprovider",
+                "--etprop-profile",
+                profile,
+                "--etprop-artifacts",
+                str(tmp_path / "artifacts"),
+                *extra,
+                "test_probe.py",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert f"CAMPAIGN {expected}" in result.stdout, result.stdout + result.stderr
-    wrong = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--etprop-sizes", "huge",
-                            "test_probe.py"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    wrong = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--etprop-sizes", "huge", "test_probe.py"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert wrong.returncode != 0 and "use 'campaign' or 'property'" in wrong.stderr
 
 
@@ -250,14 +310,19 @@ def test_a_batch_is_made_dynamic_only_where_export_needs_no_guard_on_it(shape, d
     """(B, 12) -> (6, 2B) makes export guard ``B != 6``, outside what the
     declared range allows (an export error in a campaign's coverage pack);
     a reshape keeping the batch leading needs no guard."""
-    from hypothesis import given, strategies as st
+    from hypothesis import given
+    from hypothesis import strategies as st
 
     from etprop.strategies.programs import ProgramDraft, _make_batch_dynamic
 
-    body = {"inputs": [{"name": "x0", "shape": [3, 12], "dtype": "float32"}],
-            "nodes": [{"id": "v1", "op": "reshape", "args": ["x0"], "attrs": {"shape": shape}},
-                      {"id": "v2", "op": "sum", "args": ["v1"], "attrs": {"dim": 0}}],
-            "outputs": ["v2"]}
+    body = {
+        "inputs": [{"name": "x0", "shape": [3, 12], "dtype": "float32"}],
+        "nodes": [
+            {"id": "v1", "op": "reshape", "args": ["x0"], "attrs": {"shape": shape}},
+            {"id": "v2", "op": "sum", "args": ["v1"], "attrs": {"dim": 0}},
+        ],
+        "outputs": ["v2"],
+    }
 
     @settings(max_examples=1, database=None)
     @given(st.data())
@@ -283,10 +348,13 @@ def test_another_batch_past_a_matrix_bias_with_beta_zero_is_rejected():
     program = ProgramDraft(dtype="float32")
     weight = program.add_state("w", {"kind": "weight", "seed": 1, "shape": [10, 3]})
     bias = program.add_state("b", {"kind": "weight", "seed": 2, "shape": [3, 3]})
-    body = {"inputs": [{"name": "x0", "shape": [3, 10], "dtype": "float32"}],
-            "nodes": [{"id": "v1", "op": "addmm", "args": ["x0"], "state": weight,
-                       "attrs": {"bias_state": bias, "beta": 0.0}}],
-            "outputs": ["v1"]}
+    body = {
+        "inputs": [{"name": "x0", "shape": [3, 10], "dtype": "float32"}],
+        "nodes": [
+            {"id": "v1", "op": "addmm", "args": ["x0"], "state": weight, "attrs": {"bias_state": bias, "beta": 0.0}}
+        ],
+        "outputs": ["v1"],
+    }
     checked = []
 
     @settings(max_examples=1, database=None)
@@ -309,12 +377,23 @@ def test_another_batch_reaching_a_convolution_channel_is_rejected():
     from etprop.strategies.programs import ProgramDraft, _reinfer
 
     program = ProgramDraft(dtype="float32")
-    layer = program.add_state("l", {"kind": "layer", "type": "ConvTranspose1d", "seed": 1, "kwargs": {
-        "in_channels": 4, "out_channels": 4, "kernel_size": 1, "groups": 4}})
-    body = {"inputs": [{"name": "x0", "shape": [4, 10], "dtype": "float32"}],
-            "nodes": [{"id": "v1", "op": "unsqueeze", "args": ["x0"], "attrs": {"dim": 0}},
-                      {"id": "v2", "op": "layer", "args": ["v1"], "state": layer}],
-            "outputs": ["v2"]}
+    layer = program.add_state(
+        "l",
+        {
+            "kind": "layer",
+            "type": "ConvTranspose1d",
+            "seed": 1,
+            "kwargs": {"in_channels": 4, "out_channels": 4, "kernel_size": 1, "groups": 4},
+        },
+    )
+    body = {
+        "inputs": [{"name": "x0", "shape": [4, 10], "dtype": "float32"}],
+        "nodes": [
+            {"id": "v1", "op": "unsqueeze", "args": ["x0"], "attrs": {"dim": 0}},
+            {"id": "v2", "op": "layer", "args": ["v1"], "state": layer},
+        ],
+        "outputs": ["v2"],
+    }
     checked = []
 
     @settings(max_examples=1, database=None)

@@ -39,14 +39,28 @@ def _limited():
 
 
 def _record(spec: dict) -> dict:
-    return {"format": repro.FORMAT, "property": "mixed", "flows": ["portable"], "outcome": None,
-            "message": "", "spec": spec}
+    return {
+        "format": repro.FORMAT,
+        "property": "mixed",
+        "flows": ["portable"],
+        "outcome": None,
+        "message": "",
+        "spec": spec,
+    }
 
 
 def _relu_spec() -> dict:
-    return {"format": specmod.FORMAT, "state": {}, "methods": {"forward": {
-        "inputs": [{"name": "x0", "shape": [2, 3], "dtype": "float32"}],
-        "nodes": [{"id": "v1", "op": "relu", "args": ["x0"]}], "outputs": ["v1"]}}}
+    return {
+        "format": specmod.FORMAT,
+        "state": {},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x0", "shape": [2, 3], "dtype": "float32"}],
+                "nodes": [{"id": "v1", "op": "relu", "args": ["x0"]}],
+                "outputs": ["v1"],
+            }
+        },
+    }
 
 
 def _base_records() -> list[dict]:
@@ -59,8 +73,14 @@ BASES = _base_records()
 
 
 def _cli(path: Path, *extra: str) -> subprocess.CompletedProcess:
-    completed = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "repro", "--check", str(path), *extra],
-                               capture_output=True, text=True, timeout=300, preexec_fn=_limited, cwd=path.parent)
+    completed = subprocess.run(
+        [sys.executable, "-m", "etprop.commands.cli", "repro", "--check", str(path), *extra],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limited,
+        cwd=path.parent,
+    )
     assert not (path.parent / MARKER).exists(), "code from a spec ran"
     return completed
 
@@ -78,15 +98,18 @@ def test_every_base_record_is_valid():
         specmod.validate(record["spec"])
 
 
-@pytest.mark.parametrize("case, expected", [
-    ("missing_state", "'state' is a required property"),
-    ("huge_shape", "over the limit of"),
-    ("shapes_do_not_fit", "does not fit together at 'v2'"),
-    ("unknown_op", "unknown op 'frobnicate'"),
-    ("code_in_an_attribute", "does not match"),
-    ("not_json", "not valid JSON"),
-    ("future_format", "etprop-repro/1"),
-])
+@pytest.mark.parametrize(
+    "case, expected",
+    [
+        ("missing_state", "'state' is a required property"),
+        ("huge_shape", "over the limit of"),
+        ("shapes_do_not_fit", "does not fit together at 'v2'"),
+        ("unknown_op", "unknown op 'frobnicate'"),
+        ("code_in_an_attribute", "does not match"),
+        ("not_json", "not valid JSON"),
+        ("future_format", "etprop-repro/1"),
+    ],
+)
 def test_a_bad_file_is_one_line_naming_the_fix(case, expected, tmp_path):
     spec = _relu_spec()
     if case == "missing_state":
@@ -118,9 +141,13 @@ def test_a_limit_can_be_raised_and_the_repro_command_refuses_before_building(tmp
     path.write_text(json.dumps(_record(spec)))
     _assert_one_line_error(_cli(path), "--limit tensor_elements=N")
     assert _cli(path, "--limit", "tensor_elements=1e7").returncode == 0
-    replayed = subprocess.run([sys.executable, "-m", "etprop.commands.cli", "repro", str(path),
-                               "--artifacts", str(tmp_path / "artifacts")],
-                              capture_output=True, text=True, timeout=300, preexec_fn=_limited)
+    replayed = subprocess.run(
+        [sys.executable, "-m", "etprop.commands.cli", "repro", str(path), "--artifacts", str(tmp_path / "artifacts")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        preexec_fn=_limited,
+    )
     _assert_one_line_error(replayed, "tensor_elements")
 
 
@@ -134,8 +161,14 @@ def test_the_defaults_cover_what_the_strategies_draw():
     tight["depth"] = limits.DEFAULTS["depth"]
 
     @settings(max_examples=60, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-    @given(st.one_of(programs(min_nodes=6, max_nodes=40), computed_weight_programs(),
-                     control_flow_programs(), multi_method_programs()))
+    @given(
+        st.one_of(
+            programs(min_nodes=6, max_nodes=40),
+            computed_weight_programs(),
+            control_flow_programs(),
+            multi_method_programs(),
+        )
+    )
     def drawn_specs_pass(spec):
         specmod.validate(spec, tight)
 
@@ -143,6 +176,7 @@ def test_the_defaults_cover_what_the_strategies_draw():
 
 
 # ---- malformed files, drawn -------------------------------------------------
+
 
 def _containers(value, path=()):
     """Every dict and list inside ``value``, with its path."""
@@ -153,10 +187,17 @@ def _containers(value, path=()):
             yield from _containers(child, path + (key,))
 
 
-JUNK = st.one_of(st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
-                 st.text(max_size=12), st.lists(st.integers(-5, 5), max_size=3),
-                 st.just({"kind": "layer"}), st.just(INJECTION),
-                 st.sampled_from(["class", "lambda", "self", "torch", "a b", "x0", "v1", "w"]))
+JUNK = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(-(2**70), 2**70),
+    st.floats(allow_nan=True),
+    st.text(max_size=12),
+    st.lists(st.integers(-5, 5), max_size=3),
+    st.just({"kind": "layer"}),
+    st.just(INJECTION),
+    st.sampled_from(["class", "lambda", "self", "torch", "a b", "x0", "v1", "w"]),
+)
 
 
 @st.composite
@@ -168,12 +209,14 @@ def malformed_records(draw):
         places = list(_containers(record))
         path, container = draw(st.sampled_from(places))
         if mutation == "drop" and container:
-            key = draw(st.sampled_from(sorted(container) if isinstance(container, dict)
-                                       else list(range(len(container)))))
+            key = draw(
+                st.sampled_from(sorted(container) if isinstance(container, dict) else list(range(len(container))))
+            )
             del container[key]
         elif mutation == "junk" and container:
-            key = draw(st.sampled_from(sorted(container) if isinstance(container, dict)
-                                       else list(range(len(container)))))
+            key = draw(
+                st.sampled_from(sorted(container) if isinstance(container, dict) else list(range(len(container))))
+            )
             container[key] = draw(JUNK)
         elif mutation == "dangling":
             method = spec.get("methods", {}).get(next(iter(spec.get("methods", {}) or {"": 0})))
@@ -192,8 +235,11 @@ def malformed_records(draw):
                     first = method["inputs"][0]["name"] if isinstance(method["inputs"][0], dict) else "x0"
                     body = {"params": ["p0"], "nodes": [{"id": "n0", "op": "relu", "args": ["p0"]}], "outputs": ["n0"]}
                     for depth in range(draw(st.integers(2, 12))):
-                        body = {"params": ["p0"], "nodes": [{"id": f"m{depth}", "op": "map", "args": ["p0"],
-                                                             "bodies": [body]}], "outputs": [f"m{depth}"]}
+                        body = {
+                            "params": ["p0"],
+                            "nodes": [{"id": f"m{depth}", "op": "map", "args": ["p0"], "bodies": [body]}],
+                            "outputs": [f"m{depth}"],
+                        }
                     method["nodes"].append({"id": "deep", "op": "map", "args": [first], "bodies": [body]})
                     break
         elif mutation == "format":
@@ -202,8 +248,9 @@ def malformed_records(draw):
         elif mutation == "ints":
             for _, found in _containers(spec):
                 if isinstance(found, dict) and isinstance(found.get("attrs"), dict):
-                    found["attrs"][draw(st.sampled_from(["dim", "iterations", "start", "output_size"]))] = \
-                        draw(st.sampled_from([10**9, -10**9, [10**6, 10**6], 2**63]))
+                    found["attrs"][draw(st.sampled_from(["dim", "iterations", "start", "output_size"]))] = draw(
+                        st.sampled_from([10**9, -(10**9), [10**6, 10**6], 2**63])
+                    )
                     break
     return record
 
@@ -234,8 +281,14 @@ def test_malformed_files_end_in_one_line_errors_within_2gb(tmp_path_factory, rec
         path = folder / f"{index}.json"
         path.write_text(json.dumps(record))
         paths.append(str(path))
-    completed = subprocess.run([sys.executable, "-c", LOADER, *paths], capture_output=True, text=True,
-                               timeout=600, preexec_fn=_limited, cwd=folder)
+    completed = subprocess.run(
+        [sys.executable, "-c", LOADER, *paths],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        preexec_fn=_limited,
+        cwd=folder,
+    )
     assert not (folder / MARKER).exists(), "code from a spec ran"
     assert completed.returncode == 0, completed.stderr[-3000:]
     outcomes = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("[")]

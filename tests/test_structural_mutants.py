@@ -16,27 +16,47 @@ MUTANT_FLOWS = Path(__file__).parents[1] / "benchmarks" / "structural_mutant_flo
 
 def _program(nodes, outputs, methods=("forward",)):
     body = {"inputs": [{"name": "x", "shape": [4, 16], "dtype": "float32"}], "nodes": nodes, "outputs": outputs}
-    return {"format": FORMAT, "state": {"w": {"kind": "weight", "shape": [16, 16], "seed": 3, "scale": 0.3}},
-            "methods": {method: body for method in methods}}
+    return {
+        "format": FORMAT,
+        "state": {"w": {"kind": "weight", "shape": [16, 16], "seed": 3, "scale": 0.3}},
+        "methods": {method: body for method in methods},
+    }
 
 
-TWO_LINEARS = [{"id": "v1", "op": "linear", "args": ["x"], "state": "w"},
-               {"id": "v2", "op": "tanh", "args": ["v1"]},
-               {"id": "v3", "op": "linear", "args": ["v2"], "state": "w"}]
+TWO_LINEARS = [
+    {"id": "v1", "op": "linear", "args": ["x"], "state": "w"},
+    {"id": "v2", "op": "tanh", "args": ["v1"]},
+    {"id": "v3", "op": "linear", "args": ["v2"], "state": "w"},
+]
 # var stays on portable kernels, between two XNNPACK partitions.
-PORTABLE_BETWEEN = [{"id": "v1", "op": "linear", "args": ["x"], "state": "w"},
-                    {"id": "v2", "op": "var", "args": ["v1"], "attrs": {"dim": -1, "keepdim": True}},
-                    {"id": "v3", "op": "add", "args": ["v1", "v2"]},
-                    {"id": "v4", "op": "linear", "args": ["v3"], "state": "w"}]
+PORTABLE_BETWEEN = [
+    {"id": "v1", "op": "linear", "args": ["x"], "state": "w"},
+    {"id": "v2", "op": "var", "args": ["v1"], "attrs": {"dim": -1, "keepdim": True}},
+    {"id": "v3", "op": "add", "args": ["v1", "v2"]},
+    {"id": "v4", "op": "linear", "args": ["v3"], "state": "w"},
+]
 
 
-@pytest.mark.parametrize("mutant, spec, prop, oracle, words", [
-    ("mutant-gemm-on-portable", _program(TWO_LINEARS, ["v3"]), "mixed", "delegation coverage",
-     "(mm, static weight)"),
-    ("mutant-weight-twice", _program(TWO_LINEARS, ["v3"], ("forward", "other")), "multi_method",
-     "no program growth", "stored 2 times"),
-    ("mutant-cyclic-partition", _program(PORTABLE_BETWEEN, ["v4"]), "mixed", "lowering", "cycles"),
-])
+@pytest.mark.parametrize(
+    "mutant, spec, prop, oracle, words",
+    [
+        (
+            "mutant-gemm-on-portable",
+            _program(TWO_LINEARS, ["v3"]),
+            "mixed",
+            "delegation coverage",
+            "(mm, static weight)",
+        ),
+        (
+            "mutant-weight-twice",
+            _program(TWO_LINEARS, ["v3"], ("forward", "other")),
+            "multi_method",
+            "no program growth",
+            "stored 2 times",
+        ),
+        ("mutant-cyclic-partition", _program(PORTABLE_BETWEEN, ["v4"]), "mixed", "lowering", "cycles"),
+    ],
+)
 def test_each_structural_mutant_is_killed_where_stock_xnnpack_passes(tmp_path, mutant, spec, prop, oracle, words):
     flows.load_flow_module(str(MUTANT_FLOWS))
     oracles = MULTI_METHOD if prop == "multi_method" else SINGLE_FLOW
@@ -46,4 +66,3 @@ def test_each_structural_mutant_is_killed_where_stock_xnnpack_passes(tmp_path, m
     assert broken.outcome.value == "property violation", broken.message
     failed = [verdict for verdict in broken.verdicts if not verdict.ok]
     assert oracle in [verdict.oracle for verdict in failed] and words in broken.message
-

@@ -8,10 +8,10 @@ import pytest
 import torch
 import torch.fx
 
-from etprop.program import builder
 from etprop import flows
 from etprop.lowering import partition_facts, pipeline
 from etprop.oracles import coverage, cycles, differential, growth
+from etprop.program import builder
 from etprop.verdicts.outcomes import Outcome
 
 
@@ -58,6 +58,7 @@ def _tagged_graph():
         a = torch.relu(x)
         b = torch.sigmoid(a)
         return torch.tanh(a + b)
+
     gm = torch.fx.symbolic_trace(f)
     nodes = {n.name: n for n in gm.graph.nodes}
     return gm, nodes
@@ -79,11 +80,12 @@ def test_cycles_reject_a_hand_made_cyclic_partition(lowerings):
 
 def test_cycles_reject_two_partitions_that_depend_on_each_other():
     def f(x):
-        a = torch.relu(x)      # P0
-        b = torch.sigmoid(x)   # P1
-        c = torch.tanh(a)      # P1
-        d = torch.neg(b)       # P0
+        a = torch.relu(x)  # P0
+        b = torch.sigmoid(x)  # P1
+        c = torch.tanh(a)  # P1
+        d = torch.neg(b)  # P0
         return c + d
+
     gm = torch.fx.symbolic_trace(f)
     tags = {"relu": "P0", "neg": "P0", "sigmoid": "P1", "tanh": "P1"}
     for node in gm.graph.nodes:
@@ -105,18 +107,22 @@ def test_coverage_names_a_gemm_left_on_portable(lowerings):
 
 def test_differential_rejects_growth_and_new_lowering_failures(lowerings):
     base, candidate = lowerings["xnnpack"], lowerings["xnnpack"]
-    ok = differential.check(dataclasses.replace(candidate, flow=flows.get("portable")),
-                            {"xnnpack": base, "portable": candidate})
+    ok = differential.check(
+        dataclasses.replace(candidate, flow=flows.get("portable")), {"xnnpack": base, "portable": candidate}
+    )
     assert ok.ok, ok.message
     grown = dataclasses.replace(candidate, flow=flows.get("portable"), pte=candidate.pte + bytes(4096))
     verdict = differential.check(grown, {"xnnpack": base, "portable": grown})
     assert not verdict.ok and ".pte grew" in verdict.message
-    failed = dataclasses.replace(candidate, flow=flows.get("portable"), outcome=Outcome.LOWERING_ERROR,
-                                 error="RuntimeError: boom")
+    failed = dataclasses.replace(
+        candidate, flow=flows.get("portable"), outcome=Outcome.LOWERING_ERROR, error="RuntimeError: boom"
+    )
     verdict = differential.check(failed, {"xnnpack": base, "portable": failed})
     assert not verdict.ok and "xnnpack lowers this program but portable fails: RuntimeError: boom" in verdict.message
-    worse = differential.check(dataclasses.replace(lowerings["portable"], flow=flows.get("portable")),
-                               {"xnnpack": base, "portable": lowerings["portable"]})
+    worse = differential.check(
+        dataclasses.replace(lowerings["portable"], flow=flows.get("portable")),
+        {"xnnpack": base, "portable": lowerings["portable"]},
+    )
     assert not worse.ok and "more ops outside delegates" in worse.message
 
 
@@ -141,8 +147,8 @@ def test_growth_reads_bfloat16_weights():
 def test_coverage_claims_hold_only_for_the_promised_dtypes(make_linear_relu_spec):
     """XNNPACK has no bfloat16 GEMM: a bfloat16 linear on portable breaks no promise,
     but a flow that claimed bfloat16 would be caught."""
-    from etprop.program import builder
     from etprop.lowering import pipeline
+    from etprop.program import builder
 
     spec = make_linear_relu_spec()
     spec["dtype"] = "bfloat16"
@@ -150,8 +156,10 @@ def test_coverage_claims_hold_only_for_the_promised_dtypes(make_linear_relu_spec
     built = builder.build(spec)
     lowering = pipeline.lower(built, flows.get("xnnpack"), pipeline.export_program(built))
     assert coverage.check(lowering).ok
-    claims_bf16 = dataclasses.replace(lowering.flow, promises=dataclasses.replace(
-        lowering.flow.promises, delegate_dtypes=frozenset({"float32", "bfloat16"})))
+    claims_bf16 = dataclasses.replace(
+        lowering.flow,
+        promises=dataclasses.replace(lowering.flow.promises, delegate_dtypes=frozenset({"float32", "bfloat16"})),
+    )
     verdict = coverage.check(dataclasses.replace(lowering, flow=claims_bf16))
     assert not verdict.ok and "promises to delegate" in verdict.message
 
@@ -160,24 +168,42 @@ def test_coverage_judges_a_gemm_by_its_least_static_parameter():
     """A conv with a parameter weight and a computed bias is a computed-weight GEMM:
     stock XNNPACK declines it by design (withdrawn lead XNN-006), so a flow that
     claims only static GEMMs is not blamed, and one claiming computed ones is."""
-    from etprop.program import builder
     from etprop.lowering import pipeline
+    from etprop.program import builder
     from etprop.program.spec import FORMAT
 
-    spec = {"format": FORMAT,
-            "state": {"b": {"kind": "weight", "shape": [7], "seed": 1,
-                            "parametrizations": [{"type": "scale", "factor": 0.5}]},
-                      "w": {"kind": "weight", "shape": [7, 7, 3, 3], "seed": 2, "scale": 0.126}},
-            "methods": {"forward": {"inputs": [{"name": "x", "shape": [3, 7, 4, 9], "dtype": "float32"}],
-                                    "nodes": [{"id": "c", "op": "conv2d", "args": ["x"], "state": "w",
-                                               "attrs": {"bias_state": "b", "padding": "same"}}],
-                                    "outputs": ["c"]}}}
+    spec = {
+        "format": FORMAT,
+        "state": {
+            "b": {"kind": "weight", "shape": [7], "seed": 1, "parametrizations": [{"type": "scale", "factor": 0.5}]},
+            "w": {"kind": "weight", "shape": [7, 7, 3, 3], "seed": 2, "scale": 0.126},
+        },
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [3, 7, 4, 9], "dtype": "float32"}],
+                "nodes": [
+                    {
+                        "id": "c",
+                        "op": "conv2d",
+                        "args": ["x"],
+                        "state": "w",
+                        "attrs": {"bias_state": "b", "padding": "same"},
+                    }
+                ],
+                "outputs": ["c"],
+            }
+        },
+    }
     built = builder.build(spec)
     lowering = pipeline.lower(built, flows.get("xnnpack"), pipeline.export_program(built))
     assert coverage.undelegated_gemms(lowering)[0][2:] == ("convolution", "computed")
     assert coverage.check(lowering).ok
-    claims_computed = dataclasses.replace(lowering.flow, promises=dataclasses.replace(
-        lowering.flow.promises, delegates=frozenset({"gemm_static_weight", "gemm_computed_weight"})))
+    claims_computed = dataclasses.replace(
+        lowering.flow,
+        promises=dataclasses.replace(
+            lowering.flow.promises, delegates=frozenset({"gemm_static_weight", "gemm_computed_weight"})
+        ),
+    )
     assert not coverage.check(dataclasses.replace(lowering, flow=claims_computed)).ok
 
 
@@ -186,15 +212,23 @@ def test_a_quantized_gemm_with_a_computed_float_bias_is_not_promised():
     a parameter, stock XNNPACK declines the GEMM as it does in float (seen as
     a false coverage failure in the quantized sample), and the summary counts
     its quantized weight as left outside the delegate."""
-    spec = {"format": "etprop-spec/2",
-            "quantization": {"scheme": "dynamic_per_channel", "modules": None, "calibration": 1},
-            "state": {"b": {"kind": "weight", "shape": [8], "seed": 1,
-                            "parametrizations": [{"type": "scale", "factor": 0.5}]},
-                      "w": {"kind": "weight", "shape": [8, 3, 2, 3], "seed": 2, "scale": 0.2}},
-            "methods": {"forward": {"inputs": [{"name": "x", "shape": [2, 12, 5, 9], "dtype": "float32"}],
-                                    "nodes": [{"id": "c", "op": "conv2d", "args": ["x"], "state": "w",
-                                               "attrs": {"bias_state": "b", "groups": 4}}],
-                                    "outputs": ["c"]}}}
+    spec = {
+        "format": "etprop-spec/2",
+        "quantization": {"scheme": "dynamic_per_channel", "modules": None, "calibration": 1},
+        "state": {
+            "b": {"kind": "weight", "shape": [8], "seed": 1, "parametrizations": [{"type": "scale", "factor": 0.5}]},
+            "w": {"kind": "weight", "shape": [8, 3, 2, 3], "seed": 2, "scale": 0.2},
+        },
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [2, 12, 5, 9], "dtype": "float32"}],
+                "nodes": [
+                    {"id": "c", "op": "conv2d", "args": ["x"], "state": "w", "attrs": {"bias_state": "b", "groups": 4}}
+                ],
+                "outputs": ["c"],
+            }
+        },
+    }
     built = builder.build(spec)
     lowering = pipeline.lower(built, flows.get("xnnpack"), pipeline.export_program(built))
     assert lowering.ok, lowering.error
@@ -242,9 +276,14 @@ def test_bundle_metadata_shared_by_the_clock_is_allowed_and_nothing_more():
     """Two Core AI bundles written within one second share their metadata
     file and the stock program comes out smaller; a candidate measured
     against such a baseline grew by that much only. Beyond it, growth fails."""
-    base = {"flow": "coreai", "pte_bytes": 12605, "delegate_calls": 2, "portable_ops": {},
-            "binding_bytes": 0, "clock_bytes": 105 + differential.NAMED_ENTRY_BYTES
-            + differential.SEGMENT_ALIGNMENT_BYTES}
+    base = {
+        "flow": "coreai",
+        "pte_bytes": 12605,
+        "delegate_calls": 2,
+        "portable_ops": {},
+        "binding_bytes": 0,
+        "clock_bytes": 105 + differential.NAMED_ENTRY_BYTES + differential.SEGMENT_ALIGNMENT_BYTES,
+    }
     candidate = dict(base, flow="coreai+multifunction", clock_bytes=differential.SEGMENT_ALIGNMENT_BYTES)
     assert differential.compare_facts(base, dict(candidate, pte_bytes=12605 + 512)).ok
     unstamped = dict(base, clock_bytes=0)
@@ -259,14 +298,26 @@ def test_growth_does_not_count_a_weight_found_inside_a_larger_one():
     copy; a real second copy beside them still is."""
     from etprop.program.spec import FORMAT
 
-    spec = {"format": FORMAT, "state": {
-        "big": {"kind": "buffer", "shape": [1, 11], "seed": 2, "scale": 1.0},
-        "small": {"kind": "buffer", "shape": [4, 2], "seed": 2, "scale": 1.0}},
-        "methods": {"forward": {"inputs": [{"name": "x", "shape": [4, 2], "dtype": "float32"},
-                                           {"name": "y", "shape": [3, 11], "dtype": "float32"}], "nodes": [
-            {"id": "v1", "op": "mul", "args": ["y"], "state": "big"},
-            {"id": "v2", "op": "minimum", "args": ["x"], "state": "small"},
-        ], "outputs": ["v1", "v2"]}}}
+    spec = {
+        "format": FORMAT,
+        "state": {
+            "big": {"kind": "buffer", "shape": [1, 11], "seed": 2, "scale": 1.0},
+            "small": {"kind": "buffer", "shape": [4, 2], "seed": 2, "scale": 1.0},
+        },
+        "methods": {
+            "forward": {
+                "inputs": [
+                    {"name": "x", "shape": [4, 2], "dtype": "float32"},
+                    {"name": "y", "shape": [3, 11], "dtype": "float32"},
+                ],
+                "nodes": [
+                    {"id": "v1", "op": "mul", "args": ["y"], "state": "big"},
+                    {"id": "v2", "op": "minimum", "args": ["x"], "state": "small"},
+                ],
+                "outputs": ["v1", "v2"],
+            }
+        },
+    }
     built = builder.build(spec)
     buffers = dict(built.module.named_buffers())
     assert growth.tensor_bytes(buffers["small"]) in growth.tensor_bytes(buffers["big"]), "the premise: a shared prefix"
@@ -286,28 +337,47 @@ def test_growth_does_not_count_a_weight_found_inside_a_constant_or_a_larger_weig
     parameter while its source is stored too. Neither is growth."""
     from etprop.program.spec import FORMAT
 
-    spec = {"format": FORMAT, "state": {
-        "table": {"kind": "constant", "shape": [1, 11], "seed": 2, "scale": 1.0},
-        "small": {"kind": "buffer", "shape": [4, 2], "seed": 2, "scale": 1.0},
-        "big": {"kind": "parameter", "shape": [4, 9], "seed": 5, "scale": 1.0},
-        "w": {"kind": "weight", "shape": [4, 4], "seed": 5, "scale": 0.25,
-              "parametrizations": [{"type": "scale", "factor": 2.0}, {"type": "scale", "factor": 2.0}]}},
-        "methods": {"forward": {"inputs": [{"name": "x", "shape": [4, 2], "dtype": "float32"},
-                                           {"name": "y", "shape": [3, 11], "dtype": "float32"},
-                                           {"name": "z", "shape": [4, 9], "dtype": "float32"},
-                                           {"name": "u", "shape": [3, 4], "dtype": "float32"}], "nodes": [
-            {"id": "v1", "op": "mul", "args": ["y"], "state": "table"},
-            {"id": "v2", "op": "minimum", "args": ["x"], "state": "small"},
-            {"id": "v3", "op": "add", "args": ["z"], "state": "big"},
-            {"id": "v4", "op": "mm", "args": ["u"], "state": "w"},
-        ], "outputs": ["v1", "v2", "v3", "v4"]}}}
+    spec = {
+        "format": FORMAT,
+        "state": {
+            "table": {"kind": "constant", "shape": [1, 11], "seed": 2, "scale": 1.0},
+            "small": {"kind": "buffer", "shape": [4, 2], "seed": 2, "scale": 1.0},
+            "big": {"kind": "parameter", "shape": [4, 9], "seed": 5, "scale": 1.0},
+            "w": {
+                "kind": "weight",
+                "shape": [4, 4],
+                "seed": 5,
+                "scale": 0.25,
+                "parametrizations": [{"type": "scale", "factor": 2.0}, {"type": "scale", "factor": 2.0}],
+            },
+        },
+        "methods": {
+            "forward": {
+                "inputs": [
+                    {"name": "x", "shape": [4, 2], "dtype": "float32"},
+                    {"name": "y", "shape": [3, 11], "dtype": "float32"},
+                    {"name": "z", "shape": [4, 9], "dtype": "float32"},
+                    {"name": "u", "shape": [3, 4], "dtype": "float32"},
+                ],
+                "nodes": [
+                    {"id": "v1", "op": "mul", "args": ["y"], "state": "table"},
+                    {"id": "v2", "op": "minimum", "args": ["x"], "state": "small"},
+                    {"id": "v3", "op": "add", "args": ["z"], "state": "big"},
+                    {"id": "v4", "op": "mm", "args": ["u"], "state": "w"},
+                ],
+                "outputs": ["v1", "v2", "v3", "v4"],
+            }
+        },
+    }
     built = builder.build(spec)
     buffers, parameters = dict(built.module.named_buffers()), dict(built.module.named_parameters())
-    assert growth.tensor_bytes(buffers["small"]) in growth.tensor_bytes(built.constants()["table"]), \
+    assert growth.tensor_bytes(buffers["small"]) in growth.tensor_bytes(built.constants()["table"]), (
         "the premise: a buffer's bytes begin the constant"
+    )
     computed = next(w for w in growth.program_weights(built) if w.computed_from)
-    assert growth.tensor_bytes(computed.tensor) in growth.tensor_bytes(parameters["big"]), \
+    assert growth.tensor_bytes(computed.tensor) in growth.tensor_bytes(parameters["big"]), (
         "the premise: the computed weight's bytes begin a larger parameter"
+    )
     lowering = pipeline.lower(built, flows.get("portable"))
     assert lowering.ok, lowering.error
     assert sum(growth.count_occurrences(lowering.pte, buffers["small"]).values()) == 2
@@ -325,15 +395,42 @@ def test_growth_allows_two_state_entries_computing_the_same_weight():
     folded, on XNNPACK). Not growth; a third copy still is."""
     from etprop.program.spec import QUANTIZED_FORMAT
 
-    entry = {"kind": "weight", "shape": [1, 12], "seed": 5, "scale": 0.2887, "parametrizations": [
-        {"type": "spectral_norm", "dim": 1, "n_power_iterations": 3, "vectors_as_parameters": True},
-        {"type": "buffer_scale", "seed": 264}, {"type": "buffer_scale", "seed": 95}]}
-    spec = {"format": QUANTIZED_FORMAT, "state": {"w": entry, "w_bias": dict(entry)},
-            "quantization": {"scheme": "dynamic_per_channel", "modules": None, "calibration": 1,
-                             "fold_computed_weights": True},
-            "methods": {"forward": {"inputs": [{"name": "x", "shape": [1, 1], "dtype": "float32"}], "nodes": [
-                {"id": "v1", "op": "addmm", "args": ["x"], "state": "w",
-                 "attrs": {"bias_state": "w_bias", "separate_bias": True}}], "outputs": ["v1"]}}}
+    entry = {
+        "kind": "weight",
+        "shape": [1, 12],
+        "seed": 5,
+        "scale": 0.2887,
+        "parametrizations": [
+            {"type": "spectral_norm", "dim": 1, "n_power_iterations": 3, "vectors_as_parameters": True},
+            {"type": "buffer_scale", "seed": 264},
+            {"type": "buffer_scale", "seed": 95},
+        ],
+    }
+    spec = {
+        "format": QUANTIZED_FORMAT,
+        "state": {"w": entry, "w_bias": dict(entry)},
+        "quantization": {
+            "scheme": "dynamic_per_channel",
+            "modules": None,
+            "calibration": 1,
+            "fold_computed_weights": True,
+        },
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": [1, 1], "dtype": "float32"}],
+                "nodes": [
+                    {
+                        "id": "v1",
+                        "op": "addmm",
+                        "args": ["x"],
+                        "state": "w",
+                        "attrs": {"bias_state": "w_bias", "separate_bias": True},
+                    }
+                ],
+                "outputs": ["v1"],
+            }
+        },
+    }
     built = builder.build(spec)
     (computed,) = [w for w in growth.program_weights(built) if w.computed_from]
     assert computed.copies == 2

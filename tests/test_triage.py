@@ -22,39 +22,62 @@ def _chain(ops: list[str], shape=(2, 8), dtype="float32") -> dict:
     for index, op in enumerate(ops):
         nodes.append({"id": f"v{index}", "op": op, "args": [last]})
         last = f"v{index}"
-    return {"format": FORMAT, "state": {}, "methods": {"forward": {
-        "inputs": [{"name": "x", "shape": list(shape), "dtype": dtype}], "nodes": nodes, "outputs": [last]}}}
+    return {
+        "format": FORMAT,
+        "state": {},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": list(shape), "dtype": dtype}],
+                "nodes": nodes,
+                "outputs": [last],
+            }
+        },
+    }
 
 
 def test_signature_keeps_the_kind_of_failure_and_blanks_what_varies_with_the_program():
-    first = ("[eager equivalence] FAILED (mismatch): method 'forward', normal inputs: output 1 (2, 4): "
-             "8 / 8 elements differ; worst at (0, 0): eager -0.9, got -0.09, allowed difference 8.8e-06")
-    second = ("[eager equivalence] FAILED (mismatch): method 'prefill', large inputs: output 0 (3,): "
-              "1 / 3 elements differ; worst at (2,): eager 4, got 5, allowed difference 0.1")
-    nonfinite = ("[eager equivalence] FAILED (mismatch): method 'forward', large inputs: output 8 (3, 3): "
-                 "9 / 9 elements are non-finite where eager and float64 are finite; first at (0, 0)")
+    first = (
+        "[eager equivalence] FAILED (mismatch): method 'forward', normal inputs: output 1 (2, 4): "
+        "8 / 8 elements differ; worst at (0, 0): eager -0.9, got -0.09, allowed difference 8.8e-06"
+    )
+    second = (
+        "[eager equivalence] FAILED (mismatch): method 'prefill', large inputs: output 0 (3,): "
+        "1 / 3 elements differ; worst at (2,): eager 4, got 5, allowed difference 0.1"
+    )
+    nonfinite = (
+        "[eager equivalence] FAILED (mismatch): method 'forward', large inputs: output 8 (3, 3): "
+        "9 / 9 elements are non-finite where eager and float64 are finite; first at (0, 0)"
+    )
     assert signature("xnnpack", "mismatch", first) == signature("xnnpack", "mismatch", second)
     assert signature("xnnpack", "mismatch", first) != signature("xnnpack", "mismatch", nonfinite)
     assert signature("xnnpack", "mismatch", first) != signature("portable", "mismatch", first)
     error = "[lowering] FAILED (lowering error): ValueError: node (p_w{}_weight) is tagged with (tag{})"
-    assert signature("coreai", "lowering error", error.format(1, 4)) == \
-        signature("coreai", "lowering error", error.format(7, 2))
+    assert signature("coreai", "lowering error", error.format(1, 4)) == signature(
+        "coreai", "lowering error", error.format(7, 2)
+    )
     at = "[lowering] FAILED (lowering error): RuntimeError: bad map <InputTypeToIndex object at {}>, 3"
-    assert signature("xnnpack", "lowering error", at.format("0x7fa447144bd0")) == \
-        signature("xnnpack", "lowering error", at.format("0x7f0c12e9a010"))
-    assert signature("coreai", "lowering error", error.format(1, 4)) != \
-        signature("coreai", "lowering error", "[lowering] FAILED (lowering error): KeyError: 'x'")
+    assert signature("xnnpack", "lowering error", at.format("0x7fa447144bd0")) == signature(
+        "xnnpack", "lowering error", at.format("0x7f0c12e9a010")
+    )
+    assert signature("coreai", "lowering error", error.format(1, 4)) != signature(
+        "coreai", "lowering error", "[lowering] FAILED (lowering error): KeyError: 'x'"
+    )
 
 
 def test_signature_blanks_the_flow_a_message_names_and_nothing_else():
     """A failure that names its flow is one failure on every flow that shows
     it (triage then places it in the backend, not in one candidate)."""
-    def coverage(flow):
-        return (f"[delegation coverage] FAILED (property violation): 1 GEMM(s) that {flow} promises to delegate "
-                "run on portable kernels: forward/aten_convolution_default (convolution, quantized weight)")
 
-    detail = [signature(flow, "property violation", coverage(flow)).split(" | ", 1)[1]
-              for flow in ("xnnpack", "xnnpack+fold", "coreai+multifunction")]
+    def coverage(flow):
+        return (
+            f"[delegation coverage] FAILED (property violation): 1 GEMM(s) that {flow} promises to delegate "
+            "run on portable kernels: forward/aten_convolution_default (convolution, quantized weight)"
+        )
+
+    detail = [
+        signature(flow, "property violation", coverage(flow)).split(" | ", 1)[1]
+        for flow in ("xnnpack", "xnnpack+fold", "coreai+multifunction")
+    ]
     assert detail[0] == detail[1] == detail[2] and "<flow>" in detail[0]
     quoted = "[lowering] FAILED (lowering error): KeyError: in executorch.backends.xnnpack.partition (xnnpack+fold)"
     assert "backends.xnnpack.partition" in signature("xnnpack", "lowering error", quoted)
@@ -65,12 +88,16 @@ def test_signature_blanks_the_flow_a_message_names_and_nothing_else():
 def _functional_tensor_error(quoted_frames: int) -> str:
     """A lowering error whose text quotes another traceback (torch.fx's
     "Original traceback"), then the traceback of the raise itself."""
-    text = ("RuntimeError: Attempting to use FunctionalTensor on its own.\n\nWhile executing %scan\n"
-            "Original traceback:\n" + "".join(f'  File "<eval_with_key>.{i}", line 9, in forward\n    x\n'
-                                              for i in range(quoted_frames)))
-    raised = ('  File "torch/_ops.py", line 875, in __call__\n    return self._op(*args)\n'
-              '  File "torch/_subclasses/functional_tensor.py", line 286, in __torch_dispatch__\n'
-              '    raise RuntimeError(\n')
+    text = (
+        "RuntimeError: Attempting to use FunctionalTensor on its own.\n\nWhile executing %scan\n"
+        "Original traceback:\n"
+        + "".join(f'  File "<eval_with_key>.{i}", line 9, in forward\n    x\n' for i in range(quoted_frames))
+    )
+    raised = (
+        '  File "torch/_ops.py", line 875, in __call__\n    return self._op(*args)\n'
+        '  File "torch/_subclasses/functional_tensor.py", line 286, in __torch_dispatch__\n'
+        "    raise RuntimeError(\n"
+    )
     return "[lowering] FAILED (lowering error): " + text + "\n" + raised + text
 
 
@@ -104,18 +131,26 @@ def test_canonical_form_ignores_names_and_seeds_but_not_the_program():
 
 
 def test_layer_is_named_from_the_flows_that_fail():
-    baselines = {"portable": None, "xnnpack": "portable", "coreai": "portable", "xnnpack+fold": "xnnpack",
-                 "coreai+multifunction": "coreai"}
+    baselines = {
+        "portable": None,
+        "xnnpack": "portable",
+        "coreai": "portable",
+        "xnnpack+fold": "xnnpack",
+        "coreai+multifunction": "coreai",
+    }
     assert triage.layer({"portable": "mismatch", "xnnpack": "mismatch"}, baselines).startswith("export / EXIR")
     assert triage.layer({"xnnpack": "mismatch", "xnnpack+fold": "mismatch"}, baselines) == "xnnpack backend"
     assert triage.layer({"xnnpack+fold": "mismatch"}, baselines) == "candidate xnnpack+fold"
-    assert triage.layer({"coreai": "lowering error", "xnnpack+fold": "mismatch"}, baselines) == \
-        "candidate xnnpack+fold and coreai backend"
+    assert (
+        triage.layer({"coreai": "lowering error", "xnnpack+fold": "mismatch"}, baselines)
+        == "candidate xnnpack+fold and coreai backend"
+    )
 
 
 def test_shrunk_spec_is_one_minimal():
     """The 'defect': a float16 tanh after a relu on an input with 8 columns.
     Every single step from the result that still builds makes it pass."""
+
     def still_fails(spec):
         ops = [n["op"] for _, n in specmod.all_nodes(spec)]
         inp = spec["methods"]["forward"]["inputs"][0]
@@ -127,16 +162,28 @@ def test_shrunk_spec_is_one_minimal():
     assert [n["op"] for _, n in specmod.all_nodes(result.spec)] == ["relu", "tanh"]
     assert result.spec["methods"]["forward"]["inputs"][0]["shape"] == [1, 8]
     tried = [candidate for _, candidate in shrink.candidates(result.spec)]
-    assert tried and not any(still_fails(shrink.prune(c)) for c in tried
-                             if shrink.size(shrink.prune(c)) < shrink.size(result.spec))
+    assert tried and not any(
+        still_fails(shrink.prune(c)) for c in tried if shrink.size(shrink.prune(c)) < shrink.size(result.spec)
+    )
     capped = shrink.shrink_to(start, still_fails, log=lambda line: None, max_checks=2)
     assert not capped.one_minimal
 
 
 def _record(digest: str, ops: list[str], flow="xnnpack", prop="mixed") -> dict:
-    return {"property": prop, "digest": digest, "ops": ops, "nodes": len(ops),
-            "flows": [{"flow": flow, "outcome": "mismatch", "known": None,
-                       "message": "[eager equivalence] FAILED (mismatch): 1 / 4 elements differ"}]}
+    return {
+        "property": prop,
+        "digest": digest,
+        "ops": ops,
+        "nodes": len(ops),
+        "flows": [
+            {
+                "flow": flow,
+                "outcome": "mismatch",
+                "known": None,
+                "message": "[eager equivalence] FAILED (mismatch): 1 / 4 elements differ",
+            }
+        ],
+    }
 
 
 def test_a_failure_without_the_defects_ops_is_not_counted_as_that_defect(tmp_path):
@@ -144,8 +191,21 @@ def test_a_failure_without_the_defects_ops_is_not_counted_as_that_defect(tmp_pat
     records = [_record("a", ["relu", "tanh"]), _record("b", ["relu", "sigmoid"]), _record("c", ["tanh"])]
     place = triage.Triage(tmp_path)
     (group,) = place.groups(records).values()
-    place.save(triage.Defect(group.key, group.signature, "xnnpack", "mismatch", "mixed", "xnnpack backend",
-                             {"xnnpack": "mismatch"}, ["tanh"], 1, True, "m"))
+    place.save(
+        triage.Defect(
+            group.key,
+            group.signature,
+            "xnnpack",
+            "mismatch",
+            "mixed",
+            "xnnpack backend",
+            {"xnnpack": "mismatch"},
+            ["tanh"],
+            1,
+            True,
+            "m",
+        )
+    )
     groups = place.groups(records)
     assert sorted(len(g.members) for g in groups.values()) == [1, 2]
     assert [m["ops"] for m in groups[group.key].members] == [["relu", "tanh"], ["tanh"]]
@@ -166,10 +226,10 @@ def test_one_defect_seen_through_two_properties_and_two_flows_is_one_report(tmp_
     flows.load_flow_module(str(ROOT / "tests" / "fixtures" / "broken_flows.py"))
     session = Session(artifacts, flow_modules=[EXPORT_DEFECT])
     try:
-        first = session.check(_chain(["relu", "abs", "tanh", "sigmoid"]), [flows.get("portable")], "mixed",
-                              SINGLE_FLOW)
-        second = session.check(_chain(["neg", "tanh", "relu"], shape=(3, 5)), [flows.get("xnnpack")],
-                               "computed_weights", SINGLE_FLOW)
+        first = session.check(_chain(["relu", "abs", "tanh", "sigmoid"]), [flows.get("portable")], "mixed", SINGLE_FLOW)
+        second = session.check(
+            _chain(["neg", "tanh", "relu"], shape=(3, 5)), [flows.get("xnnpack")], "computed_weights", SINGLE_FLOW
+        )
     finally:
         session.close()
     assert first.new_failures and second.new_failures, "record-only checks return their failures"
@@ -204,12 +264,30 @@ def test_one_program_drawn_for_two_flow_pairs_keeps_two_histories(tmp_path):
 def test_failures_outside_a_merged_defect_stay_with_their_own_flow(tmp_path):
     """Residues of a defect seen on two flows form one group per flow: a
     group is shrunk on its own flow's program."""
-    records = [_record("a", ["tanh"], flow="xnnpack"), _record("b", ["tanh"], flow="portable"),
-               _record("c", ["relu"], flow="xnnpack"), _record("d", ["relu"], flow="portable")]
+    records = [
+        _record("a", ["tanh"], flow="xnnpack"),
+        _record("b", ["tanh"], flow="portable"),
+        _record("c", ["relu"], flow="xnnpack"),
+        _record("d", ["relu"], flow="portable"),
+    ]
     place = triage.Triage(tmp_path)
     keys = {g.flow: g.key for g in place.groups(records).values()}
-    place.save(triage.Defect(keys["xnnpack"], "s", "xnnpack", "mismatch", "mixed", "export", {}, ["tanh"], 1,
-                             True, "m", merged=[keys["portable"]]))
+    place.save(
+        triage.Defect(
+            keys["xnnpack"],
+            "s",
+            "xnnpack",
+            "mismatch",
+            "mixed",
+            "export",
+            {},
+            ["tanh"],
+            1,
+            True,
+            "m",
+            merged=[keys["portable"]],
+        )
+    )
     groups = place.groups(records)
     assert [m["flow"] for m in groups[keys["xnnpack"]].members] == ["xnnpack", "portable"]
     rest = place.pending(groups)
@@ -235,8 +313,12 @@ class _FakeSession:
         failing = len(flows) == 1 and any(n["op"] == "tanh" for _, n in specmod.all_nodes(spec))
 
         class Example:
-            results = [_Result(flows[0].name, "[eager equivalence] FAILED (mismatch): 1 / 4 elements differ")] \
-                if failing else []
+            results = (
+                [_Result(flows[0].name, "[eager equivalence] FAILED (mismatch): 1 / 4 elements differ")]
+                if failing
+                else []
+            )
+
         return Example()
 
 
@@ -285,10 +367,25 @@ def test_one_defect_placed_twice_by_two_workers_is_listed_once(tmp_path):
     renamed = json.loads(json.dumps(spec).replace('"v0"', '"first"'))
 
     def placed(key, program, merged):
-        place.save(triage.Defect(key, f"{key} | lowering error | lowering | E", key, "lowering error", "mixed",
-                                 "export", {}, ["relu", "tanh"], 2, True, "E", merged=merged))
-        repro.write(place.directory(key) / "shrunk.json", program, ["portable"], "mixed", "lowering error", "E",
-                    script=False)
+        place.save(
+            triage.Defect(
+                key,
+                f"{key} | lowering error | lowering | E",
+                key,
+                "lowering error",
+                "mixed",
+                "export",
+                {},
+                ["relu", "tanh"],
+                2,
+                True,
+                "E",
+                merged=merged,
+            )
+        )
+        repro.write(
+            place.directory(key) / "shrunk.json", program, ["portable"], "mixed", "lowering error", "E", script=False
+        )
 
     placed("aaaa", spec, ["bbbb"])
     placed("bbbb", renamed, ["aaaa"])

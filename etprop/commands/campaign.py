@@ -29,9 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from etprop import flows as flowreg
+from etprop.commands.report import Summary, write_reports
 from etprop.errors import UsageError
 from etprop.strategies import coverage_corpus as coverage
-from etprop.commands.report import Summary, write_reports
 from etprop.verdicts.outcomes import Outcome
 
 # A time-budgeted round asks each property x flow item for this many examples
@@ -60,8 +60,9 @@ def run_until(command: list[str], until, env: dict | None = None) -> tuple[int |
     second so the campaign can move it): its exit code and output, or None if
     it was stopped."""
     end = until if callable(until) else (lambda: until)
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                               start_new_session=True)
+    process = subprocess.Popen(
+        command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
     while True:
         try:
             output, _ = process.communicate(timeout=max(0.0, min(1.0, end() - time.time())))
@@ -89,9 +90,24 @@ def properties_dir() -> Path:
 def properties_command(seed: int, junit: Path) -> list[str]:
     """pytest over the installed property modules with their own configuration."""
     where = properties_dir()
-    return [sys.executable, "-m", "pytest", str(where), "-c", str(where / "pytest.ini"),
-            "--rootdir", str(where), "-q", "--no-header", "-p", "no:randomly",
-            f"--etprop-seed={seed}", f"--junitxml={junit}", "-o", "junit_family=xunit2"]
+    return [
+        sys.executable,
+        "-m",
+        "pytest",
+        str(where),
+        "-c",
+        str(where / "pytest.ini"),
+        "--rootdir",
+        str(where),
+        "-q",
+        "--no-header",
+        "-p",
+        "no:randomly",
+        f"--etprop-seed={seed}",
+        f"--junitxml={junit}",
+        "-o",
+        "junit_family=xunit2",
+    ]
 
 
 def campaign_exit_code(summary: Summary, internal_rounds: int) -> int:
@@ -99,9 +115,11 @@ def campaign_exit_code(summary: Summary, internal_rounds: int) -> int:
     itself failed); 1: new failures (generator defects included); 0: clean."""
     internal = summary.count(Outcome.INTERNAL_ERROR)
     if summary.total_examples() == 0 or internal_rounds or internal:
-        print(f"etprop fuzz: ERROR: {summary.total_examples()} examples ran, {internal_rounds} round(s) of "
-              f"pytest broke, {internal} etprop internal error(s); the campaign's verdict cannot be trusted",
-              file=sys.stderr)
+        print(
+            f"etprop fuzz: ERROR: {summary.total_examples()} examples ran, {internal_rounds} round(s) of "
+            f"pytest broke, {internal} etprop internal error(s); the campaign's verdict cannot be trusted",
+            file=sys.stderr,
+        )
         return 3
     return 1 if summary.failures() else 0
 
@@ -119,8 +137,10 @@ def progress_line(summary: Summary, elapsed: float, budget: float) -> str:
                 new += 1
     rate = summary.total_examples() / max(elapsed / 60, 1e-9)
     flows = ", ".join(f"{name} {count}" for name, count in sorted(per_flow.items())) or "none yet"
-    return (f"[{elapsed:5.0f}s / {budget:.0f}s] {summary.total_examples()} examples ({rate:.1f}/min); "
-            f"flow results: {flows}; {new} new failing, {known} known-finding hits")
+    return (
+        f"[{elapsed:5.0f}s / {budget:.0f}s] {summary.total_examples()} examples ({rate:.1f}/min); "
+        f"flow results: {flows}; {new} new failing, {known} known-finding hits"
+    )
 
 
 class _Progress:
@@ -186,7 +206,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 def round_seed(shard: tuple[int, int], round_index: int, seed: int = 0) -> int:
     key = f"etprop:{shard[0]}/{shard[1]}:{round_index}" + (f":{seed}" if seed else "")
     digest = hashlib.sha256(key.encode()).digest()
-    return int.from_bytes(digest[:8], "big") % (2 ** 63)
+    return int.from_bytes(digest[:8], "big") % (2**63)
 
 
 @dataclass
@@ -215,9 +235,21 @@ class Campaign:
         if args.reach_every < 0:
             raise UsageError("--reach-every must be 0 (meter off) or more")
         seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
-        return cls(chosen, args.minutes, args.examples, args.workers, parse_shard(args.shard),
-                   Path(args.artifacts), args.db, args.db_readonly, args.properties, args.flow_module,
-                   not args.no_shrink, seed, args.reach_every)
+        return cls(
+            chosen,
+            args.minutes,
+            args.examples,
+            args.workers,
+            parse_shard(args.shard),
+            Path(args.artifacts),
+            args.db,
+            args.db_readonly,
+            args.properties,
+            args.flow_module,
+            not args.no_shrink,
+            seed,
+            args.reach_every,
+        )
 
     def _env(self, deadline_file: Path) -> dict:
         from etprop.verdicts.repro import atomic_write
@@ -228,16 +260,24 @@ class Campaign:
         if self.reach_every:
             self._schedule()
         env = dict(os.environ)
-        env.update(ETPROP_FLOWS=",".join(self.flows), ETPROP_ARTIFACTS=str(self.artifacts.resolve()),
-                   ETPROP_PROFILE="fuzz-noshrink", ETPROP_RECORD_ONLY="1",
-                   ETPROP_DEADLINE_FILE=str(deadline_file.resolve()), ETPROP_SERVED=str(served.resolve()),
-                   ETPROP_DB=self.db or str((self.artifacts / "hypothesis-db").resolve()),
-                   ETPROP_DB_READONLY=self.db_readonly, ETPROP_FLOW_MODULE=",".join(self.flow_modules),
-                   ETPROP_SHARD=f"{self.shard[0]}/{self.shard[1]}")
+        env.update(
+            ETPROP_FLOWS=",".join(self.flows),
+            ETPROP_ARTIFACTS=str(self.artifacts.resolve()),
+            ETPROP_PROFILE="fuzz-noshrink",
+            ETPROP_RECORD_ONLY="1",
+            ETPROP_DEADLINE_FILE=str(deadline_file.resolve()),
+            ETPROP_SERVED=str(served.resolve()),
+            ETPROP_DB=self.db or str((self.artifacts / "hypothesis-db").resolve()),
+            ETPROP_DB_READONLY=self.db_readonly,
+            ETPROP_FLOW_MODULE=",".join(self.flow_modules),
+            ETPROP_SHARD=f"{self.shard[0]}/{self.shard[1]}",
+        )
         if self.reach_every:
-            env.update(ETPROP_REACH_DIR=str((self.artifacts / "reach").resolve()),
-                       ETPROP_REACH_EVERY=str(self.reach_every),
-                       ETPROP_SCHEDULE=str((self.artifacts / "schedule.json").resolve()))
+            env.update(
+                ETPROP_REACH_DIR=str((self.artifacts / "reach").resolve()),
+                ETPROP_REACH_EVERY=str(self.reach_every),
+                ETPROP_SCHEDULE=str((self.artifacts / "schedule.json").resolve()),
+            )
         return env
 
     def _schedule(self) -> None:
@@ -252,12 +292,15 @@ class Campaign:
             return
         designed = json.loads(collected.read_text())
         scheduled = schedule.shares(Summary.load(self.artifacts).records, designed)
-        atomic_write(self.artifacts / "schedule.json",
-                     json.dumps({item: share.as_dict() for item, share in scheduled.items()}, indent=1))
+        atomic_write(
+            self.artifacts / "schedule.json",
+            json.dumps({item: share.as_dict() for item, share in scheduled.items()}, indent=1),
+        )
 
     def _pytest_command(self, round_index: int, per_round: int, workers: int | None = None) -> list[str]:
-        command = properties_command(round_seed(self.shard, round_index, self.seed),
-                                     self.artifacts / "reports" / f"junit-round{round_index}.xml")
+        command = properties_command(
+            round_seed(self.shard, round_index, self.seed), self.artifacts / "reports" / f"junit-round{round_index}.xml"
+        )
         command += [f"--etprop-examples={per_round}", f"--etprop-round={round_index}"]
         workers = workers or self.workers
         if workers > 1:
@@ -286,8 +329,17 @@ class Campaign:
         queued = len(triage.pending(triage.groups(Summary.load(self.artifacts).records)))
         if not queued:
             return
-        command = [sys.executable, "-m", "etprop.commands.cli", "shrink", "--pending", "--artifacts",
-                   str(self.artifacts), "--until", str(until)]
+        command = [
+            sys.executable,
+            "-m",
+            "etprop.commands.cli",
+            "shrink",
+            "--pending",
+            "--artifacts",
+            str(self.artifacts),
+            "--until",
+            str(until),
+        ]
         for module in self.flow_modules:
             command += ["--flow-module", module]
         shrinkers = min(self.workers, queued)
@@ -311,12 +363,18 @@ class Campaign:
         deadline_file = self.artifacts / "exploration-deadline-beside-triage"
         deadline_file.write_text(repr(until - self._margin))
         round_index, self._round = self._round, self._round + 1
-        returncode, _ = run_until(self._pytest_command(round_index, EXAMPLES_PER_ROUND, workers),
-                                  lambda: 0.0 if shrunk.is_set() else until, env=self._env(deadline_file))
+        returncode, _ = run_until(
+            self._pytest_command(round_index, EXAMPLES_PER_ROUND, workers),
+            lambda: 0.0 if shrunk.is_set() else until,
+            env=self._env(deadline_file),
+        )
         if returncode not in (None, 0, 1, 5):
             self._internal_rounds += 1
-        print(f"round {round_index} (beside triage, {workers} worker(s)): "
-              + ("stopped when triage ended" if returncode is None else f"pytest exit {returncode}"), flush=True)
+        print(
+            f"round {round_index} (beside triage, {workers} worker(s)): "
+            + ("stopped when triage ended" if returncode is None else f"pytest exit {returncode}"),
+            flush=True,
+        )
 
     def _explore(self, clock_for, started: float) -> bool:
         """Rounds until the exploration deadline (``clock_for()`` gives each
@@ -332,21 +390,25 @@ class Campaign:
                 return True
             # A campaign counted in examples asks for what is missing at once.
             per_round = self.examples - done if self.examples else EXAMPLES_PER_ROUND
-            returncode, output = run_until(self._pytest_command(self._round, per_round), clock.round_end,
-                                           env=self._env(clock.path))
+            returncode, output = run_until(
+                self._pytest_command(self._round, per_round), clock.round_end, env=self._env(clock.path)
+            )
             if returncode is None and clock.explore_until < clock.stop:
                 status = "stopped to leave the triage share of the budget (the example under way is left pending)"
             elif returncode is None:
                 status = "stopped at the end of the budget (the example under way is left pending)"
             else:
                 status = {0: "passed", 1: "found failures", 5: "ran nothing"}.get(
-                    returncode, f"pytest exit {returncode}")
+                    returncode, f"pytest exit {returncode}"
+                )
                 if returncode not in (0, 1, 5):
                     self._internal_rounds += 1
                     print(output[-3000:])
             summary = Summary.load(self.artifacts)
-            print(f"round {self._round}: {status}; " + progress_line(summary, time.time() - started,
-                                                                      self.minutes * 60), flush=True)
+            print(
+                f"round {self._round}: {status}; " + progress_line(summary, time.time() - started, self.minutes * 60),
+                flush=True,
+            )
             self._round += 1
             if status == "found failures" and summary.total_examples() == before:
                 # pytest failed without recording one example: the suite is broken, not a lowering.
@@ -362,12 +424,14 @@ class Campaign:
         stop = deadline - REPORT_SECONDS
         margin = self._margin = min(EXAMPLE_MARGIN_SECONDS, self.minutes * 6)
         triage_budget, triage_spent = self.minutes * 60 * TRIAGE_SHARE, 0.0
-        print(f"etprop fuzz: flows {', '.join(self.flows)}; budget {self.minutes:g} min"
-              + (f" or {self.examples} examples per property x flow" if self.examples else "")
-              + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; seed {self.seed} "
-              f"(--seed {self.seed} draws these programs again); reach meter "
-              + (f"on one example in {self.reach_every}" if self.reach_every else "off")
-              + f"; artifacts {self.artifacts}")
+        print(
+            f"etprop fuzz: flows {', '.join(self.flows)}; budget {self.minutes:g} min"
+            + (f" or {self.examples} examples per property x flow" if self.examples else "")
+            + f"; {self.workers} worker(s); shard {self.shard[0]}/{self.shard[1]}; seed {self.seed} "
+            f"(--seed {self.seed} draws these programs again); reach meter "
+            + (f"on one example in {self.reach_every}" if self.reach_every else "off")
+            + f"; artifacts {self.artifacts}"
+        )
         if self.reach_every:
             (self.artifacts / "reach").mkdir(exist_ok=True)
             (self.artifacts / "reach" / "every").write_text(str(self.reach_every))
@@ -375,13 +439,20 @@ class Campaign:
         if not self.properties or "coverage" in self.properties:
             made = time.time()
             specs, wanted = coverage.stored(self.artifacts / "coverage")
-            print(f"coverage corpus: {len(specs)} programs reaching {len(wanted)} combinations "
-                  f"({time.time() - made:.0f} s)")
+            print(
+                f"coverage corpus: {len(specs)} programs reaching {len(wanted)} combinations "
+                f"({time.time() - made:.0f} s)"
+            )
 
         def clock_for() -> _RoundClock:
-            return _RoundClock(self.artifacts / "exploration-deadline", deadline, stop, margin,
-                               max(0.0, triage_budget - triage_spent) if self.shrink else 0.0,
-                               lambda: self._queued(Summary.load(self.artifacts)))
+            return _RoundClock(
+                self.artifacts / "exploration-deadline",
+                deadline,
+                stop,
+                margin,
+                max(0.0, triage_budget - triage_spent) if self.shrink else 0.0,
+                lambda: self._queued(Summary.load(self.artifacts)),
+            )
 
         with _Progress(self.artifacts, started, self.minutes * 60):
             # Explore, then triage what was found; budget triage leaves (every
@@ -392,8 +463,12 @@ class Campaign:
                 # A shrink step or the run placing a defect may take a minute past
                 # the time it starts: triage stops starting them that long before the end.
                 triage_until = deadline - margin
-                if not (self.shrink and time.time() < triage_until - 10 and triage_budget - triage_spent > 10
-                        and self._queued(Summary.load(self.artifacts))):
+                if not (
+                    self.shrink
+                    and time.time() < triage_until - 10
+                    and triage_budget - triage_spent > 10
+                    and self._queued(Summary.load(self.artifacts))
+                ):
                     break
                 began = time.time()
                 self._triage(min(triage_until, began + triage_budget - triage_spent), stop)

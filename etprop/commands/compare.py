@@ -70,15 +70,24 @@ def compare(record: dict) -> Optional[dict]:
     if candidate["outcome"] in (Outcome.NOT_RUN.value,) or not _is_failing(candidate):
         return None
     if not _is_failing(base) or base["outcome"] == Outcome.NOT_RUN.value:
-        kind = ("newly unsupported" if candidate["outcome"] == Outcome.UNSUPPORTED.value
-                else f"known finding {candidate['known']} newly hit" if candidate.get("known") else "newly failing")
+        kind = (
+            "newly unsupported"
+            if candidate["outcome"] == Outcome.UNSUPPORTED.value
+            else f"known finding {candidate['known']} newly hit"
+            if candidate.get("known")
+            else "newly failing"
+        )
         return {"kind": kind, "why": f"the baseline {base['outcome'] if base['outcome'] != 'pass' else 'passed'}"}
     if candidate.get("known") and candidate["known"] != base.get("known"):
-        return {"kind": f"known finding {candidate['known']} newly hit",
-                "why": f"the baseline failed as {base.get('known') or 'a new failure'}"}
+        return {
+            "kind": f"known finding {candidate['known']} newly hit",
+            "why": f"the baseline failed as {base.get('known') or 'a new failure'}",
+        }
     if base.get("known") and not candidate.get("known"):
-        return {"kind": "changed failure",
-                "why": f"the baseline's failure is known finding {base['known']}; the candidate's is not explained by it"}
+        return {
+            "kind": "changed failure",
+            "why": f"the baseline's failure is known finding {base['known']}; the candidate's is not explained by it",
+        }
     if candidate["outcome"] != base["outcome"]:
         return {"kind": "changed failure", "why": f"the baseline failed as {base['outcome']}"}
     if signature("", base["outcome"], _unnamed(base)) != signature("", candidate["outcome"], _unnamed(candidate)):
@@ -87,15 +96,21 @@ def compare(record: dict) -> Optional[dict]:
         before, after = mismatch_facts(base["message"]), mismatch_facts(candidate["message"])
         if before.get("where") != after.get("where"):
             return {"kind": "changed failure", "why": f"the baseline's mismatch is at {before.get('where')}"}
-        if after.get("excess", 0) > WORSE_FACTOR * before.get("excess", float("inf")) or \
-                after.get("elements", 0) > WORSE_FACTOR * before.get("elements", float("inf")):
-            return {"kind": "worse mismatch",
-                    "why": f"{after.get('elements')} elements, {after.get('excess', 0):.3g}x past the bound; the "
-                           f"baseline {before.get('elements')} elements, {before.get('excess', 0):.3g}x"}
+        if after.get("excess", 0) > WORSE_FACTOR * before.get("excess", float("inf")) or after.get(
+            "elements", 0
+        ) > WORSE_FACTOR * before.get("elements", float("inf")):
+            return {
+                "kind": "worse mismatch",
+                "why": f"{after.get('elements')} elements, {after.get('excess', 0):.3g}x past the bound; the "
+                f"baseline {before.get('elements')} elements, {before.get('excess', 0):.3g}x",
+            }
     return None
 
 
 def improved(record: dict) -> bool:
     """The baseline failed and the candidate passed."""
-    return len(record["flows"]) >= 2 and _is_failing(record["flows"][0]) and \
-        record["flows"][-1]["outcome"] == Outcome.PASS.value
+    return (
+        len(record["flows"]) >= 2
+        and _is_failing(record["flows"][0])
+        and record["flows"][-1]["outcome"] == Outcome.PASS.value
+    )

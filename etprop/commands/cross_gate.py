@@ -50,10 +50,10 @@ NOT_COVERED_SHOWN = 25
 
 @dataclass
 class Item:
-    source: str          # "finding XNN-018" or "drawn mixed #3"
+    source: str  # "finding XNN-018" or "drawn mixed #3"
     prop: str
     spec: dict
-    answers: dict = field(default_factory=dict)   # environment label -> worker answer
+    answers: dict = field(default_factory=dict)  # environment label -> worker answer
     # A packed coverage program: the programs it computes side by side, run
     # on their own where the packed one fails on either side.
     parts: list["Item"] = field(default_factory=list)
@@ -94,9 +94,10 @@ def program_items(paths: list[str]) -> list[Item]:
     return items
 
 
-def coverage_corpus(seed: int, pool_per_family: int = coverage.POOL_PER_FAMILY,
-                    pack_size: int = coverage.PACK_SIZE) -> tuple[list[Item], set]:
-    """The coverage corpus (etprop/strategies/coverage_corpus.py) as gate items, a
+def coverage_corpus(
+    seed: int, pool_per_family: int = coverage.POOL_PER_FAMILY, pack_size: int = coverage.PACK_SIZE
+) -> tuple[list[Item], set]:
+    """The coverage corpus (strategies/coverage_corpus.py) as gate items, a
     packed program judged by its parts where it fails; and the combinations
     its pool reaches."""
     specs, wanted = coverage.chosen(seed, pool_per_family)
@@ -105,15 +106,23 @@ def coverage_corpus(seed: int, pool_per_family: int = coverage.POOL_PER_FAMILY,
         if len(group) == 1 and program is group[0]:
             items.append(Item(f"coverage #{len(items)}", coverage.family_of(program), program))
             continue
-        parts = [Item(f"coverage #{len(items)} part {i}", coverage.family_of(spec), spec)
-                 for i, spec in enumerate(group)]
-        items.append(Item(f"coverage #{len(items)} ({len(group)} programs packed)", coverage.family_of(group[0]),
-                          program, parts=parts))
+        parts = [
+            Item(f"coverage #{len(items)} part {i}", coverage.family_of(spec), spec) for i, spec in enumerate(group)
+        ]
+        items.append(
+            Item(
+                f"coverage #{len(items)} ({len(group)} programs packed)",
+                coverage.family_of(group[0]),
+                program,
+                parts=parts,
+            )
+        )
     return items, wanted
 
 
-def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = coverage.PACK_SIZE,
-           flows: tuple[str, ...] = ()) -> tuple[list[Item], set]:
+def corpus(
+    seed: int, per_family: int, findings: bool = True, pack_size: int = coverage.PACK_SIZE, flows: tuple[str, ...] = ()
+) -> tuple[list[Item], set]:
     """Recorded findings seen on the gated flows' backends first, then the
     coverage corpus, then the other findings (a Core AI finding's program says
     little about an XNNPACK change, and running it first would delay the
@@ -123,8 +132,7 @@ def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = c
     relevant, others = _finding_items(flows) if findings else ([], [])
     covering, wanted = coverage_corpus(seed, pack_size=pack_size)
     items = relevant + covering + others
-    by_family = {name: coverage.drawn(strategy, per_family, seed + 1)
-                 for name, strategy in coverage.families().items()}
+    by_family = {name: coverage.drawn(strategy, per_family, seed + 1) for name, strategy in coverage.families().items()}
     if model_zoo.installed():  # drawn here; the environments only build the specs
         by_family["real_models"] = coverage.drawn(real_model_windows(), per_family, seed + 1)
     for index in range(per_family):
@@ -137,8 +145,12 @@ def corpus(seed: int, per_family: int, findings: bool = True, pack_size: int = c
 def _flow_record(answer: dict, label: str) -> dict:
     """The answer as the in-process comparison reads a flow result; named by
     its flow, which a message may name too (a crash does)."""
-    return {"flow": answer.get("flow", label), "outcome": answer["outcome"], "known": answer.get("known"),
-            "message": answer.get("message", "")}
+    return {
+        "flow": answer.get("flow", label),
+        "outcome": answer["outcome"],
+        "known": answer.get("known"),
+        "message": answer.get("message", ""),
+    }
 
 
 def judge(item: Item, baseline: str, candidate: str) -> Optional[dict]:
@@ -153,8 +165,12 @@ def judge(item: Item, baseline: str, candidate: str) -> Optional[dict]:
     if cand["outcome"] == Outcome.PASS.value and base.get("facts") and cand.get("facts"):
         structural = differential.compare_facts(base["facts"], cand["facts"])
         if not structural.ok:
-            return {"kind": "structural regression", "why": "both pass; the candidate's lowering is worse",
-                    "outcome": Outcome.VIOLATION.value, "message": structural.message}
+            return {
+                "kind": "structural regression",
+                "why": "both pass; the candidate's lowering is worse",
+                "outcome": Outcome.VIOLATION.value,
+                "message": structural.message,
+            }
     return None
 
 
@@ -164,8 +180,7 @@ def tally(items: list[Item], baseline: str, candidate: str) -> Counter:
     counts: Counter = Counter()
     for item in items:
         base, cand = item.answers[baseline], item.answers[candidate]
-        failing = [Outcome(a["outcome"]).is_failure or a["outcome"] == Outcome.UNSUPPORTED.value
-                   for a in (base, cand)]
+        failing = [Outcome(a["outcome"]).is_failure or a["outcome"] == Outcome.UNSUPPORTED.value for a in (base, cand)]
         found = judge(item, baseline, candidate)
         if found:
             counts[found["kind"]] += 1
@@ -220,7 +235,7 @@ class CrossGate:
     candidate_flow: str
     minutes: float = DEFAULT_MINUTES
     items: list[Item] = field(default_factory=list)
-    broken: dict = field(default_factory=dict)   # environment label -> why its worker failed
+    broken: dict = field(default_factory=dict)  # environment label -> why its worker failed
     started: float = field(default_factory=time.time)
 
     def _walk(self, environment: Environment, flow: str, until: float, items: list[Item]) -> None:
@@ -240,20 +255,25 @@ class CrossGate:
                 try:
                     # A failing packed program is judged by its parts: attributing
                     # its failure (lowering it again per nominated cause) is wasted.
-                    program.answers[environment.label] = environment.run(program.spec, program.prop, flow,
-                                                                         deadline=until,
-                                                                         attribute=not program.parts)
+                    program.answers[environment.label] = environment.run(
+                        program.spec, program.prop, flow, deadline=until, attribute=not program.parts
+                    )
                 except OutOfTime:
-                    print(f"  {environment.label}: budget reached during program {done + 1} of {len(items)} "
-                          "(stopped; not compared)", flush=True)
+                    print(
+                        f"  {environment.label}: budget reached during program {done + 1} of {len(items)} "
+                        "(stopped; not compared)",
+                        flush=True,
+                    )
                     return
                 except EnvironmentFailed as exc:
                     self.broken[environment.label] = str(exc).splitlines()[0]
                     return
 
     def _both(self, items: list[Item], until: float) -> None:
-        walkers = [threading.Thread(target=self._walk, args=(env, flow, until, items))
-                   for env, flow in ((self.baseline, self.baseline_flow), (self.candidate, self.candidate_flow))]
+        walkers = [
+            threading.Thread(target=self._walk, args=(env, flow, until, items))
+            for env, flow in ((self.baseline, self.baseline_flow), (self.candidate, self.candidate_flow))
+        ]
         for walker in walkers:
             walker.start()
         for walker in walkers:
@@ -274,9 +294,15 @@ class CrossGate:
         self.started = started
         until = started + self.minutes * 60 * (1 - SHRINK_SHARE)
         self._both(self.items, until)
-        unpack = [part for item in self.items if item.parts and self._answered(item)
-                  and any(Outcome(a["outcome"]) is not Outcome.PASS for a in item.answers.values())
-                  for part in item.parts if not self._answered(part)]
+        unpack = [
+            part
+            for item in self.items
+            if item.parts
+            and self._answered(item)
+            and any(Outcome(a["outcome"]) is not Outcome.PASS for a in item.answers.values())
+            for part in item.parts
+            if not self._answered(part)
+        ]
         if unpack:
             print(f"  running the {len(unpack)} parts of packed programs that failed on either side", flush=True)
             self._both(unpack, until)
@@ -286,8 +312,11 @@ class CrossGate:
         whose parts all ran is replaced by them."""
         leaves = []
         for item in self.items:
-            if item.parts and all(self._answered(part) for part in item.parts) and any(
-                    Outcome(a["outcome"]) is not Outcome.PASS for a in item.answers.values()):
+            if (
+                item.parts
+                and all(self._answered(part) for part in item.parts)
+                and any(Outcome(a["outcome"]) is not Outcome.PASS for a in item.answers.values())
+            ):
                 leaves += item.parts
             elif self._answered(item):
                 leaves.append(item)
@@ -306,17 +335,22 @@ def _coverage(items: list[Item], wanted: set) -> tuple[list[str], set]:
             reached |= coverage_space.keys(spec)
     ops = {key[0].split(">")[-1].split(":")[0] for key in reached}
     dtypes = sorted({key[3] for key in reached})
-    lines = [f"covered: {len(ops)} ops, {len({k for k in reached if k[1]})} (op, argument value, dtype) "
-             f"combinations, program dtypes {', '.join(dtypes)}"]
+    lines = [
+        f"covered: {len(ops)} ops, {len({k for k in reached if k[1]})} (op, argument value, dtype) "
+        f"combinations, program dtypes {', '.join(dtypes)}"
+    ]
     if wanted:
-        lines.append(f"coverage corpus: {len(reached & wanted)} of the {len(wanted)} combinations its seeded pool "
-                     "reaches")
+        lines.append(
+            f"coverage corpus: {len(reached & wanted)} of the {len(wanted)} combinations its seeded pool reaches"
+        )
         missed = Counter(f"{key[0]}{'.' + key[1] if key[1] else ''}" for key in wanted - reached)
         if missed:
             shown = ", ".join(f"{name} {n}" for name, n in missed.most_common(NOT_COVERED_SHOWN))
             more = len(missed) - NOT_COVERED_SHOWN
-            lines.append(f"not covered (combinations by op and argument, most first): {shown}"
-                         + (f", and {more} more (coverage.json lists every combination)" if more > 0 else ""))
+            lines.append(
+                f"not covered (combinations by op and argument, most first): {shown}"
+                + (f", and {more} more (coverage.json lists every combination)" if more > 0 else "")
+            )
     never = sorted((set(OPS) | set(CONTROL_FLOW_OPS)) - {"layer"} - ops)
     if never:
         lines.append(f"ops never run: {', '.join(never)}")
@@ -347,12 +381,14 @@ def shrink_regression(gate: CrossGate, item: Item, found: dict, log=lambda line:
     def still_regresses(spec: dict) -> bool:
         probe = Item(item.source, item.prop, spec)
         try:
-            probe.answers[gate.candidate.label] = gate.candidate.run(spec, item.prop, gate.candidate_flow,
-                                                                     deadline=gate.deadline)
+            probe.answers[gate.candidate.label] = gate.candidate.run(
+                spec, item.prop, gate.candidate_flow, deadline=gate.deadline
+            )
             if Outcome(probe.answers[gate.candidate.label]["outcome"]) is Outcome.PASS:
                 return False
-            probe.answers[gate.baseline.label] = gate.baseline.run(spec, item.prop, gate.baseline_flow,
-                                                                   deadline=gate.deadline)
+            probe.answers[gate.baseline.label] = gate.baseline.run(
+                spec, item.prop, gate.baseline_flow, deadline=gate.deadline
+            )
         except (OutOfTime, EnvironmentFailed):
             return False
         again = judge(probe, gate.baseline.label, gate.candidate.label)
@@ -371,16 +407,26 @@ def _shrink(gate: CrossGate, item: Item, found: dict, lines: list[str]) -> None:
     shrunk = shrink_regression(gate, item, found)
     answer = shrunk.answers[gate.candidate.label]
     path = gate.candidate.artifacts / "gate-repros" / f"{specmod.digest(shrunk.spec)}.json"
-    repro.write(path, shrunk.spec, [gate.candidate_flow], item.prop, answer["outcome"], answer.get("message", ""),
-                script=False, shrink={"nodes_before": specmod.count_ops(item.spec),
-                                      "nodes": specmod.count_ops(shrunk.spec)})
+    repro.write(
+        path,
+        shrunk.spec,
+        [gate.candidate_flow],
+        item.prop,
+        answer["outcome"],
+        answer.get("message", ""),
+        script=False,
+        shrink={"nodes_before": specmod.count_ops(item.spec), "nodes": specmod.count_ops(shrunk.spec)},
+    )
     if shrunk is item:
-        lines.append(f"    not shrunk (no smaller program is still this regression, or the budget ended); "
-                     f"repro: {path}")
+        lines.append(
+            f"    not shrunk (no smaller program is still this regression, or the budget ended); repro: {path}"
+        )
         return
     on_baseline = shrunk.answers[gate.baseline.label]["outcome"]
-    lines.append(f"    shrunk in the candidate environment to {specmod.count_ops(shrunk.spec)} node(s): {path} "
-                 f"(baseline environment on it: {on_baseline})")
+    lines.append(
+        f"    shrunk in the candidate environment to {specmod.count_ops(shrunk.spec)} node(s): {path} "
+        f"(baseline environment on it: {on_baseline})"
+    )
 
 
 def run_cross_gate(args) -> int:
@@ -389,8 +435,9 @@ def run_cross_gate(args) -> int:
     baseline_flow = args.baseline or args.flow
     candidate_flow = args.candidate or args.flow
     if not (baseline_flow and candidate_flow):
-        raise UsageError("name the flow to gate: --flow F (the same in both environments) or "
-                         "--baseline F --candidate G")
+        raise UsageError(
+            "name the flow to gate: --flow F (the same in both environments) or --baseline F --candidate G"
+        )
     if artifacts.exists() and any(artifacts.iterdir()):
         raise UsageError(f"'{artifacts}' is not empty; give the gate a fresh --artifacts directory")
     baseline = Environment(args.baseline_env, "baseline", artifacts / "baseline", tuple(args.flow_module))
@@ -404,31 +451,40 @@ def _versions_line(env: Environment) -> str:
 
 
 def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidate_flow) -> int:
-    lines = [f"etprop gate: {baseline_flow} in {baseline.python} against {candidate_flow} in {candidate.python}; "
-             f"budget {args.minutes:g} min, seed {args.seed}",
-             f"  baseline environment: {_versions_line(baseline)}",
-             f"  candidate environment: {_versions_line(candidate)}"]
+    lines = [
+        f"etprop gate: {baseline_flow} in {baseline.python} against {candidate_flow} in {candidate.python}; "
+        f"budget {args.minutes:g} min, seed {args.seed}",
+        f"  baseline environment: {_versions_line(baseline)}",
+        f"  candidate environment: {_versions_line(candidate)}",
+    ]
     print("\n".join(lines), flush=True)
 
     def finish(verdict: str, code: int, body: list[str]) -> int:
         text = "\n".join(body + [verdict])
-        print("\n".join(body[len(lines):] + [verdict]) if body[:len(lines)] == lines else text)
+        print("\n".join(body[len(lines) :] + [verdict]) if body[: len(lines)] == lines else text)
         (artifacts / "gate.md").write_text("```\n" + text + "\n```\n")
         return code
 
     missing = baseline.unavailable(baseline_flow)
     if missing:
-        return finish(f"VERDICT: ERROR: {baseline_flow} cannot run in the baseline environment: {missing}", 3,
-                      lines)
+        return finish(f"VERDICT: ERROR: {baseline_flow} cannot run in the baseline environment: {missing}", 3, lines)
     missing = candidate.unavailable(candidate_flow)
     if missing:
-        return finish(f"VERDICT: FAIL: {candidate_flow} runs in the baseline environment but not in the candidate "
-                      f"environment: {missing}", 1, lines)
-    pack_size = min(coverage.pack_size_for(env.runtimes.get(flow))
-                    for env, flow in ((baseline, baseline_flow), (candidate, candidate_flow)))
-    items, wanted = ((program_items(args.programs), set()) if args.programs
-                     else corpus(args.seed, args.per_family, pack_size=pack_size,
-                                 flows=(baseline_flow, candidate_flow)))
+        return finish(
+            f"VERDICT: FAIL: {candidate_flow} runs in the baseline environment but not in the candidate "
+            f"environment: {missing}",
+            1,
+            lines,
+        )
+    pack_size = min(
+        coverage.pack_size_for(env.runtimes.get(flow))
+        for env, flow in ((baseline, baseline_flow), (candidate, candidate_flow))
+    )
+    items, wanted = (
+        (program_items(args.programs), set())
+        if args.programs
+        else corpus(args.seed, args.per_family, pack_size=pack_size, flows=(baseline_flow, candidate_flow))
+    )
     gate = CrossGate(baseline, candidate, baseline_flow, candidate_flow, args.minutes, items)
     gate.run(started)
     compared = gate.compared()
@@ -437,20 +493,33 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
         body.append(f"the {label} environment's worker failed: {why}")
     if not compared:
         return finish("VERDICT: ERROR: no program ran in both environments", 3, body)
-    regressions = [(item, found) for item in compared
-                   if (found := judge(item, baseline.label, candidate.label))]
-    improvements = [item for item in compared
-                    if improved({"flows": [_flow_record(item.answers[baseline.label], baseline.label),
-                                           _flow_record(item.answers[candidate.label], candidate.label)]})]
+    regressions = [(item, found) for item in compared if (found := judge(item, baseline.label, candidate.label))]
+    improvements = [
+        item
+        for item in compared
+        if improved(
+            {
+                "flows": [
+                    _flow_record(item.answers[baseline.label], baseline.label),
+                    _flow_record(item.answers[candidate.label], candidate.label),
+                ]
+            }
+        )
+    ]
     sources = Counter(item.source.split(" ")[0] for item in compared)
-    body.append(f"checked: {len(compared)} programs in both environments "
-                f"({', '.join(f'{n} {kind}' for kind, n in sources.items())}; corpus of {len(gate.items)})")
-    body.append("per program: " + ", ".join(f"{n} {kind}" for kind, n in tally(compared, baseline.label,
-                                                                              candidate.label).items()))
+    body.append(
+        f"checked: {len(compared)} programs in both environments "
+        f"({', '.join(f'{n} {kind}' for kind, n in sources.items())}; corpus of {len(gate.items)})"
+    )
+    body.append(
+        "per program: "
+        + ", ".join(f"{n} {kind}" for kind, n in tally(compared, baseline.label, candidate.label).items())
+    )
     coverage_lines, reached = _coverage(compared, wanted)
     body.extend(coverage_lines)
-    (artifacts / "coverage.json").write_text(json.dumps(
-        {"reached": sorted(reached), "not reached": sorted(wanted - reached)}, indent=1))
+    (artifacts / "coverage.json").write_text(
+        json.dumps({"reached": sorted(reached), "not reached": sorted(wanted - reached)}, indent=1)
+    )
     groups: dict[str, list] = {}
     for item, found in regressions:
         key = regression_key(found)
@@ -458,8 +527,10 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
     for key, members in groups.items():
         item, found = min(members, key=lambda pair: specmod.count_ops(pair[0].spec))
         first_line = found["message"].splitlines()[0] if found["message"] else found["outcome"]
-        body.append(f"REGRESSION ({len(members)} program(s)): {found['kind']}: {found['outcome']}: "
-                    f"{first_line[:240]} ({found['why']})")
+        body.append(
+            f"REGRESSION ({len(members)} program(s)): {found['kind']}: {found['outcome']}: "
+            f"{first_line[:240]} ({found['why']})"
+        )
         body.append(f"    e.g. {item.source}, {specmod.count_ops(item.spec)} node(s)")
     for key in list(groups)[:SHRINK_AT_MOST]:
         item, found = min(groups[key], key=lambda pair: specmod.count_ops(pair[0].spec))
@@ -467,19 +538,30 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
             body.append(f"  shrinking: {key[:120]}")
             _shrink(gate, item, found, body)
     for item in improvements:
-        body.append(f"improvement: {item.source}: the candidate passes where the baseline "
-                    f"{item.answers[baseline.label]['outcome']}")
+        body.append(
+            f"improvement: {item.source}: the candidate passes where the baseline "
+            f"{item.answers[baseline.label]['outcome']}"
+        )
     body.extend(structure_summary(compared, baseline.label, candidate.label))
-    (artifacts / "answers.jsonl").write_text("".join(
-        json.dumps({"source": i.source, "property": i.prop, "digest": specmod.digest(i.spec),
-                    "answers": i.answers}) + "\n" for i in gate.items))
+    (artifacts / "answers.jsonl").write_text(
+        "".join(
+            json.dumps({"source": i.source, "property": i.prop, "digest": specmod.digest(i.spec), "answers": i.answers})
+            + "\n"
+            for i in gate.items
+        )
+    )
     if groups:
         first_kind, first_members = next(iter(groups.items()))
         first = first_members[0][1]
         reason = f"{first['kind']}: {(first['message'].splitlines() or [first['outcome']])[0][:200]}"
-        return finish(f"VERDICT: FAIL: {len(regressions)} program(s) regressed in the candidate environment, "
-                      f"{len(groups)} kind(s); " + (reason if len(groups) == 1 else f"first: {reason}"), 1, body)
+        return finish(
+            f"VERDICT: FAIL: {len(regressions)} program(s) regressed in the candidate environment, "
+            f"{len(groups)} kind(s); " + (reason if len(groups) == 1 else f"first: {reason}"),
+            1,
+            body,
+        )
     if gate.broken:
         return finish("VERDICT: ERROR: an environment's worker failed before the corpus was done", 3, body)
-    return finish(f"VERDICT: PASS: no regression on {len(compared)} programs ({len(improvements)} improvement(s))",
-                  0, body)
+    return finish(
+        f"VERDICT: PASS: no regression on {len(compared)} programs ({len(improvements)} improvement(s))", 0, body
+    )

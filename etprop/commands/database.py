@@ -64,9 +64,12 @@ class ScreenedDatabase(ExampleDatabase):
             self.skipped += bad
             if key not in self._warned:
                 self._warned.add(key)
-                warnings.warn(f"example database: skipped {bad} entr{'y' if bad == 1 else 'ies'} that do not "
-                              f"decode as Hypothesis choices (key {key[:16].hex()}...)", UndecodableEntry,
-                              stacklevel=2)
+                warnings.warn(
+                    f"example database: skipped {bad} entr{'y' if bad == 1 else 'ies'} that do not "
+                    f"decode as Hypothesis choices (key {key[:16].hex()}...)",
+                    UndecodableEntry,
+                    stacklevel=2,
+                )
 
     def save(self, key: bytes, value: bytes) -> None:
         self.inner.save(key, value)

@@ -69,8 +69,6 @@ def flow_reasons() -> dict:
     return reasons
 
 
-
-
 def run_one(session, request: dict) -> dict:
     from etprop import flows
     from etprop.lowering.pipeline import ExportFailed
@@ -81,19 +79,31 @@ def run_one(session, request: dict) -> dict:
 
     flow = flows.get(request["flow"])
     prop = SINGLE_FLOW_PROPERTY.get(request["prop"], request["prop"])
-    answer = {"format": FORMAT, "id": request.get("id"), "flow": flow.name, "facts": {}, "oracles": [], "repro": None,
-              "known": None}
+    answer = {
+        "format": FORMAT,
+        "id": request.get("id"),
+        "flow": flow.name,
+        "facts": {},
+        "oracles": [],
+        "repro": None,
+        "known": None,
+    }
     try:
-        result = session.run(request["spec"], [flow], prop, ORACLES_BY_PROPERTY[prop],
-                             attribute=request.get("attribute", True))
+        result = session.run(
+            request["spec"], [flow], prop, ORACLES_BY_PROPERTY[prop], attribute=request.get("attribute", True)
+        )
     except ExportFailed as exc:
         answer.update(outcome=Outcome.EXPORT_ERROR.value, message=f"does not export here: {exc}".splitlines()[0])
     else:
         flow_result = result.results[0]
-        answer.update(outcome=flow_result.outcome.value, known=flow_result.known, message=flow_result.message,
-                      facts=flow_result.facts,
-                      oracles=[{"oracle": v.oracle, "ok": v.ok, "message": str(v)} for v in flow_result.verdicts],
-                      repro=str(result.repro) if result.repro else None)
+        answer.update(
+            outcome=flow_result.outcome.value,
+            known=flow_result.known,
+            message=flow_result.message,
+            facts=flow_result.facts,
+            oracles=[{"oracle": v.oracle, "ok": v.ok, "message": str(v)} for v in flow_result.verdicts],
+            repro=str(result.repro) if result.repro else None,
+        )
     answer["seconds"] = round(time.perf_counter() - started, 3)
     return answer
 
@@ -119,8 +129,15 @@ def main(argv=None) -> int:
         protocol.write(json.dumps(message) + "\n")
         protocol.flush()
 
-    send({"format": FORMAT, "ready": True, "versions": versions(), "flows": flow_reasons(),
-          "runtimes": {flow.name: flow.runtime for flow in flows.all_flows()}})
+    send(
+        {
+            "format": FORMAT,
+            "ready": True,
+            "versions": versions(),
+            "flows": flow_reasons(),
+            "runtimes": {flow.name: flow.runtime for flow in flows.all_flows()},
+        }
+    )
     session = Session(Path(args.artifacts), flow_modules=args.flow_module)
     try:
         for line in sys.stdin:

@@ -47,21 +47,32 @@ class OutOfTime(Exception):
 
 
 def _site_packages(python: str) -> str:
-    return subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                          check=True, capture_output=True, text=True).stdout.strip()
+    return subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
 
 
 def project_source() -> Path:
     """etprop's source tree (for installing etprop into a new environment)."""
     root = Path(__file__).resolve().parents[2]
     if not (root / "pyproject.toml").is_file():
-        raise UsageError("etprop's source tree is not beside this installation; pass --etprop WHEEL_OR_DIR "
-                         "(a built etprop wheel or a checkout) to install into the new environment")
+        raise UsageError(
+            "etprop's source tree is not beside this installation; pass --etprop WHEEL_OR_DIR "
+            "(a built etprop wheel or a checkout) to install into the new environment"
+        )
     return root
 
 
-def create(directory: Path, over: str = sys.executable, install: tuple[str, ...] = (),
-           etprop_source: Optional[Path] = None, sitecustomize: Optional[Path] = None) -> Path:
+def create(
+    directory: Path,
+    over: str = sys.executable,
+    install: tuple[str, ...] = (),
+    etprop_source: Optional[Path] = None,
+    sitecustomize: Optional[Path] = None,
+) -> Path:
     """A layered environment at ``directory`` over the environment of ``over``;
     ``install`` are pip requirements installed into the layer only (no
     dependencies pulled: the base provides them); ``sitecustomize`` is copied
@@ -71,8 +82,12 @@ def create(directory: Path, over: str = sys.executable, install: tuple[str, ...]
     if directory.exists():
         raise UsageError(f"'{directory}' already exists; give the new environment a fresh directory")
     base_site = _site_packages(over)
-    base_python = subprocess.run([over, "-c", "import sys; print(getattr(sys, '_base_executable', sys.executable))"],
-                                 check=True, capture_output=True, text=True).stdout.strip()
+    base_python = subprocess.run(
+        [over, "-c", "import sys; print(getattr(sys, '_base_executable', sys.executable))"],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
     try:
         subprocess.run([base_python, "-m", "venv", "--without-pip", str(directory)], check=True)
         python = str(directory / "bin" / "python")
@@ -80,8 +95,17 @@ def create(directory: Path, over: str = sys.executable, install: tuple[str, ...]
         # An `import` line runs at start-up: addsitedir also processes the base's
         # own .pth files (editable installs, path hooks), after the layer's packages.
         (layer_site / LAYER_FILE).write_text(f"import site; site.addsitedir({base_site!r})\n")
-        pip = [python, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
-               "--disable-pip-version-check", "--ignore-installed"]
+        pip = [
+            python,
+            "-m",
+            "pip",
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            "--ignore-installed",
+        ]
         _install(pip, [str(etprop_source or project_source())])
         if install:
             _install(pip, list(install))
@@ -117,8 +141,10 @@ class Environment:
 
     def start(self) -> "Environment":
         if not (Path(self.python).is_file() or shutil.which(self.python)):
-            raise UsageError(f"{self.label} environment: no Python interpreter at '{self.python}'; pass the "
-                             "path of the environment's python (create one with `etprop env DIR`)")
+            raise UsageError(
+                f"{self.label} environment: no Python interpreter at '{self.python}'; pass the "
+                "path of the environment's python (create one with `etprop env DIR`)"
+            )
         self.artifacts.mkdir(parents=True, exist_ok=True)
         # -P and another working directory: the environment's own etprop, never a checkout in the cwd.
         command = [self.python, "-P", "-m", "etprop.commands.env_worker", "--artifacts", str(self.artifacts.resolve())]
@@ -127,22 +153,33 @@ class Environment:
         self._stderr = open(self.artifacts / "worker.log", "ab")
         self._lines = queue.Queue()
         # A session of its own: stopping the worker stops its isolated workers too.
-        self._process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                         stderr=self._stderr, text=True, bufsize=1, cwd=self.artifacts,
-                                         start_new_session=True)
+        self._process = subprocess.Popen(
+            command,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._stderr,
+            text=True,
+            bufsize=1,
+            cwd=self.artifacts,
+            start_new_session=True,
+        )
         threading.Thread(target=self._read, args=(self._process.stdout, self._lines), daemon=True).start()
         first = self._receive(START_SECONDS)
         if first is None:
             tail = self.log_tail()
             if "No module named etprop" in tail or "No module named 'etprop" in tail:
-                raise UsageError(f"{self.label} environment ({self.python}) has no etprop: install it there with "
-                                 f"`{self.python} -m pip install --no-deps {project_source()}` (or create the "
-                                 "environment with `etprop env DIR`)")
+                raise UsageError(
+                    f"{self.label} environment ({self.python}) has no etprop: install it there with "
+                    f"`{self.python} -m pip install --no-deps {project_source()}` (or create the "
+                    "environment with `etprop env DIR`)"
+                )
             last = tail.strip().splitlines()[-1] if tail.strip() else "no output"
             raise UsageError(f"{self.label} environment ({self.python}): etprop's worker did not start: {last}")
         if first.get("format") != FORMAT:
-            raise UsageError(f"{self.label} environment runs etprop with worker format {first.get('format')}, "
-                             f"this etprop speaks {FORMAT}: install the same etprop in both environments")
+            raise UsageError(
+                f"{self.label} environment runs etprop with worker format {first.get('format')}, "
+                f"this etprop speaks {FORMAT}: install the same etprop in both environments"
+            )
         self.versions, self.flows, self.runtimes = first["versions"], first["flows"], first.get("runtimes", {})
         return self
 
@@ -199,8 +236,9 @@ class Environment:
             self.close(force=True)
             raise OutOfTime()
         if answer is None:
-            raise EnvironmentFailed(f"{self.label} environment's worker did not answer within {timeout:g} s: "
-                                    f"{self.log_tail(400)}")
+            raise EnvironmentFailed(
+                f"{self.label} environment's worker did not answer within {timeout:g} s: {self.log_tail(400)}"
+            )
         if answer.get("id") != message["id"] or answer.get("format") != FORMAT:
             raise EnvironmentFailed(f"{self.label} environment answered out of turn: {str(answer)[:200]}")
         if "error" in answer:
@@ -241,9 +279,11 @@ def replay_in(python: str, args) -> int:
         raise UsageError(f"--env: no Python interpreter at '{python}'")
     probe = subprocess.run([python, "-c", "import etprop"], capture_output=True, text=True)
     if probe.returncode:
-        raise UsageError(f"--env {python} has no etprop: install it there with "
-                         f"`{python} -m pip install --no-deps {project_source()}` (or create the environment "
-                         "with `etprop env DIR`)")
+        raise UsageError(
+            f"--env {python} has no etprop: install it there with "
+            f"`{python} -m pip install --no-deps {project_source()}` (or create the environment "
+            "with `etprop env DIR`)"
+        )
     command = [python, "-P", "-m", "etprop.commands.cli", "replay", "--artifacts", args.artifacts, *args.paths]
     for module in args.flow_module:
         command += ["--flow-module", module]

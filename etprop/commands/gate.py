@@ -21,8 +21,8 @@ from pathlib import Path
 
 from etprop import flows as flowreg
 from etprop.commands.campaign import properties_command
-from etprop.errors import UsageError
 from etprop.commands.report import Summary, write_reports
+from etprop.errors import UsageError
 from etprop.verdicts.outcomes import Outcome
 
 
@@ -32,13 +32,21 @@ def run_gate(args) -> int:
     artifacts = Path(args.artifacts)
     if (artifacts / "results").exists() and any((artifacts / "results").iterdir()):
         raise UsageError(f"'{artifacts}' already holds results; give the gate a fresh --artifacts directory")
-    env = dict(os.environ, ETPROP_GATE=f"{baseline.name},{candidate.name}",
-               ETPROP_FLOWS=f"{baseline.name},{candidate.name}", ETPROP_ARTIFACTS=str(artifacts.resolve()),
-               ETPROP_PROFILE="ci", ETPROP_EXAMPLES=str(args.examples), ETPROP_RECORD_ONLY="1",
-               ETPROP_FLOW_MODULE=",".join(args.flow_module))
+    env = dict(
+        os.environ,
+        ETPROP_GATE=f"{baseline.name},{candidate.name}",
+        ETPROP_FLOWS=f"{baseline.name},{candidate.name}",
+        ETPROP_ARTIFACTS=str(artifacts.resolve()),
+        ETPROP_PROFILE="ci",
+        ETPROP_EXAMPLES=str(args.examples),
+        ETPROP_RECORD_ONLY="1",
+        ETPROP_FLOW_MODULE=",".join(args.flow_module),
+    )
     command = properties_command(args.seed, artifacts / "reports" / "junit-gate.xml") + ["-k", "gate or differential"]
-    print(f"etprop gate: baseline {baseline.name}, candidate {candidate.name}, "
-          f"{args.examples} examples per property, seed {args.seed}")
+    print(
+        f"etprop gate: baseline {baseline.name}, candidate {candidate.name}, "
+        f"{args.examples} examples per property, seed {args.seed}"
+    )
     completed = subprocess.run(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     summary = Summary.load(artifacts)
     print(summary.text())
@@ -49,11 +57,15 @@ def run_gate(args) -> int:
         return 3
     baseline_failures = [f for f in summary.failures() if f["flow"] == baseline.name]
     for failure in baseline_failures:
-        print(f"note: the baseline fails too ({failure['property']}: {failure['outcome']}); not held against "
-              f"the candidate: {failure['message'][:160]}")
+        print(
+            f"note: the baseline fails too ({failure['property']}: {failure['outcome']}); not held against "
+            f"the candidate: {failure['message'][:160]}"
+        )
     regressions = summary.regressions()
-    print(f"checked: {summary.total_examples()} programs, each lowered on both flows from one export: "
-          "eager equivalence, weights stored once, no cycles, delegation coverage, size and coverage vs baseline")
+    print(
+        f"checked: {summary.total_examples()} programs, each lowered on both flows from one export: "
+        "eager equivalence, weights stored once, no cycles, delegation coverage, size and coverage vs baseline"
+    )
     if regressions:
         print(f"VERDICT: FAIL: {len(regressions)} regression(s) of {candidate.name} against {baseline.name}:")
         for item in regressions:
@@ -61,12 +73,17 @@ def run_gate(args) -> int:
             print(f"    repro: {item['repro']}")
         return 1
     for item in summary.improvements():
-        print(f"improvement: {item['property']}: the candidate passes where {item['baseline']}: "
-              f"{item['message'][:160]}")
+        print(
+            f"improvement: {item['property']}: the candidate passes where {item['baseline']}: {item['message'][:160]}"
+        )
     not_run = summary.count(Outcome.NOT_RUN, candidate.name)
     if not_run:
-        print(f"note: {not_run} program(s) not run on {candidate.name} (the worker died in another flow's "
-              "stage first); they are not counted below")
-    print(f"VERDICT: PASS: {candidate.name} matched eager and did not regress against {baseline.name} "
-          f"on {summary.total_examples() - not_run} programs ({summary.known_count()} hits on known findings)")
+        print(
+            f"note: {not_run} program(s) not run on {candidate.name} (the worker died in another flow's "
+            "stage first); they are not counted below"
+        )
+    print(
+        f"VERDICT: PASS: {candidate.name} matched eager and did not regress against {baseline.name} "
+        f"on {summary.total_examples() - not_run} programs ({summary.known_count()} hits on known findings)"
+    )
     return 0

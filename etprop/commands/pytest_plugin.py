@@ -68,25 +68,38 @@ def option(config, name: str, default=None):
 def _database(config):
     from etprop.commands.database import open_database
 
-    return open_database(option(config, "db"), option(config, "db_readonly"),
-                         default_dir=Path(option(config, "artifacts", "artifacts")) / "hypothesis-db")
+    return open_database(
+        option(config, "db"),
+        option(config, "db_readonly"),
+        default_dir=Path(option(config, "artifacts", "artifacts")) / "hypothesis-db",
+    )
 
 
 def _register_profiles(config) -> None:
-    common = dict(deadline=None, print_blob=True,
-                  suppress_health_check=[HealthCheck.differing_executors])
+    common = dict(deadline=None, print_blob=True, suppress_health_check=[HealthCheck.differing_executors])
     settings.register_profile("dev", max_examples=10, database=None, **common)
     # ci: bounded and deterministic; a failure is reported unshrunk (shrinking
     # a 3 s-per-example property can take many minutes), fuzz shrinks it.
-    settings.register_profile("ci", max_examples=3, derandomize=True, database=None,
-                              phases=(Phase.explicit, Phase.reuse, Phase.generate), **common)
+    settings.register_profile(
+        "ci",
+        max_examples=3,
+        derandomize=True,
+        database=None,
+        phases=(Phase.explicit, Phase.reuse, Phase.generate),
+        **common,
+    )
     # A campaign skips programs it already judged (one is discarded per round
     # at least: Hypothesis's simplest), so filtering is expected there.
-    settings.register_profile("fuzz", max_examples=1_000_000, database=_database(config), phases=tuple(Phase),
-                              **{**common, "suppress_health_check": common["suppress_health_check"]
-                                 + [HealthCheck.filter_too_much]})
-    settings.register_profile("fuzz-noshrink", settings.get_profile("fuzz"),
-                              phases=(Phase.explicit, Phase.reuse, Phase.generate))
+    settings.register_profile(
+        "fuzz",
+        max_examples=1_000_000,
+        database=_database(config),
+        phases=tuple(Phase),
+        **{**common, "suppress_health_check": common["suppress_health_check"] + [HealthCheck.filter_too_much]},
+    )
+    settings.register_profile(
+        "fuzz-noshrink", settings.get_profile("fuzz"), phases=(Phase.explicit, Phase.reuse, Phase.generate)
+    )
 
 
 def pytest_configure(config):
@@ -156,8 +169,11 @@ def pytest_collection_modifyitems(config, items):
         return
     served = json.loads(Path(served_file).read_text()) if served_file else {}
     schedule_file = option(config, "schedule")
-    earned = {item: entry["earned"] for item, entry in json.loads(Path(schedule_file).read_text()).items()} \
-        if schedule_file and Path(schedule_file).is_file() else {}
+    earned = (
+        {item: entry["earned"] for item, entry in json.loads(Path(schedule_file).read_text()).items()}
+        if schedule_file and Path(schedule_file).is_file()
+        else {}
+    )
     offset = int((round_index * ROUND_ROTATION) % 1 * len(items))
     rotated = {id(item): (position - offset) % len(items) for position, item in enumerate(items)}
 
@@ -243,6 +259,7 @@ def share(weight: int):
             return test
         per_round = hypothesis_settings.default.max_examples * round_examples(weight)
         return hypothesis_settings(max_examples=per_round)(test)
+
     return apply
 
 
@@ -250,8 +267,9 @@ def pytest_generate_tests(metafunc):
     """Parametrize ``flow`` (one flow) and ``flow_pair`` (baseline, candidate)."""
     marker = metafunc.definition.get_closest_marker("etprop_family")
     family = marker.args[0] if marker else None
-    chosen = [f for f in selected_flows(metafunc.config)
-              if family is None or f.families is None or family in f.families]
+    chosen = [
+        f for f in selected_flows(metafunc.config) if family is None or f.families is None or family in f.families
+    ]
     if "flow" in metafunc.fixturenames:
         metafunc.parametrize("flow", chosen, ids=[f.name for f in chosen])
     if "quantized_flow_group" in metafunc.fixturenames:
@@ -264,8 +282,11 @@ def pytest_generate_tests(metafunc):
         if gate:
             pairs = [tuple(flows.get_available(name) for name in gate.split(","))]
         else:
-            pairs = [(flows.get(f.baseline), f) for f in chosen
-                     if f.baseline and f.baseline != "portable" and flows.get(f.baseline).available]
+            pairs = [
+                (flows.get(f.baseline), f)
+                for f in chosen
+                if f.baseline and f.baseline != "portable" and flows.get(f.baseline).available
+            ]
         metafunc.parametrize("flow_pair", pairs, ids=[f"{b.name}-vs-{c.name}" for b, c in pairs])
 
 
@@ -274,8 +295,9 @@ def etprop(pytestconfig):
     from etprop.verdicts.session import Session
 
     module = option(pytestconfig, "flow_module")
-    session = Session(Path(option(pytestconfig, "artifacts", "artifacts")),
-                      flow_modules=module.split(",") if module else [])
+    session = Session(
+        Path(option(pytestconfig, "artifacts", "artifacts")), flow_modules=module.split(",") if module else []
+    )
     yield session
     session.close()
 

@@ -17,18 +17,31 @@ from typing import Optional
 from etprop.lowering import reach
 
 # The report's plot: one colour per component, in COMPONENTS order.
-_COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-            "#bcbd22", "#17becf", "#393b79", "#637939", "#8c6d31"]
+_COLOURS = [
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#393b79",
+    "#637939",
+    "#8c6d31",
+]
 
 
 @dataclass
 class ReachSection:
-    components: dict = field(default_factory=dict)       # name -> reach.ComponentReach
-    unreached: dict = field(default_factory=dict)        # name -> [(branches, function)]
-    series: dict = field(default_factory=dict)           # name -> [(seconds, branch arcs)]
-    measured: int = 0                                     # examples the meter measured
-    examples: int = 0                                     # examples in the campaign
-    every: int = 1                                        # one example in this many measured
+    components: dict = field(default_factory=dict)  # name -> reach.ComponentReach
+    unreached: dict = field(default_factory=dict)  # name -> [(branches, function)]
+    series: dict = field(default_factory=dict)  # name -> [(seconds, branch arcs)]
+    measured: int = 0  # examples the meter measured
+    examples: int = 0  # examples in the campaign
+    every: int = 1  # one example in this many measured
 
     def text(self, functions: int = 3) -> list[str]:
         if not self.components:
@@ -37,9 +50,11 @@ class ReachSection:
         for name, counts in self.components.items():
             if not counts.branches:
                 continue
-            lines.append(f"  {name:24} branches {counts.branches_reached:5} / {counts.branches:<5} "
-                         f"({counts.branches_reached / counts.branches:4.0%}); lines {counts.lines_reached:5} / "
-                         f"{counts.lines:<5} ({counts.lines_reached / max(counts.lines, 1):4.0%})")
+            lines.append(
+                f"  {name:24} branches {counts.branches_reached:5} / {counts.branches:<5} "
+                f"({counts.branches_reached / counts.branches:4.0%}); lines {counts.lines_reached:5} / "
+                f"{counts.lines:<5} ({counts.lines_reached / max(counts.lines, 1):4.0%})"
+            )
             rows = self.unreached.get(name, [])[:functions]
             if rows:
                 lines.append("    most unreached: " + "; ".join(f"{f} ({n})" for n, f in rows))
@@ -52,21 +67,31 @@ class ReachSection:
     def markdown(self) -> list[str]:
         if not self.components:
             return []
-        lines = ["", f"Reach: branches and lines of the lowering code run ({self._sampling()}).", "",
-                 "| component | branches reached | branches | lines reached | lines | most unreached functions |",
-                 "|---|---|---|---|---|---|"]
+        lines = [
+            "",
+            f"Reach: branches and lines of the lowering code run ({self._sampling()}).",
+            "",
+            "| component | branches reached | branches | lines reached | lines | most unreached functions |",
+            "|---|---|---|---|---|---|",
+        ]
         for name, counts in self.components.items():
             rows = "; ".join(f"`{f}` ({n})" for n, f in self.unreached.get(name, [])[:3])
-            lines.append(f"| {name} | {counts.branches_reached} | {counts.branches} | {counts.lines_reached} | "
-                         f"{counts.lines} | {rows} |")
+            lines.append(
+                f"| {name} | {counts.branches_reached} | {counts.branches} | {counts.lines_reached} | "
+                f"{counts.lines} | {rows} |"
+            )
         return lines
 
     def to_json(self) -> dict:
-        return {"sampling": {"measured": self.measured, "examples": self.examples, "every": self.every},
-                "components": {name: c.as_dict() for name, c in self.components.items()},
-                "unreached_functions": {name: [{"function": f, "unreached_branches": n} for n, f in rows]
-                                        for name, rows in self.unreached.items()},
-                "over_time": {name: [list(point) for point in points] for name, points in self.series.items()}}
+        return {
+            "sampling": {"measured": self.measured, "examples": self.examples, "every": self.every},
+            "components": {name: c.as_dict() for name, c in self.components.items()},
+            "unreached_functions": {
+                name: [{"function": f, "unreached_branches": n} for n, f in rows]
+                for name, rows in self.unreached.items()
+            },
+            "over_time": {name: [list(point) for point in points] for name, points in self.series.items()},
+        }
 
     def html(self) -> str:
         if not self.components:
@@ -76,10 +101,14 @@ class ReachSection:
             f"<tr><td>{esc(name)}</td><td>{c.branches_reached} / {c.branches}</td>"
             f"<td>{c.lines_reached} / {c.lines}</td><td>"
             + "<br>".join(f"<code>{esc(f)}</code> ({n})" for n, f in self.unreached.get(name, [])[:5])
-            + "</td></tr>" for name, c in self.components.items())
-        return (f"<h2>Reach: lowering code run</h2><p>{esc(self._sampling())}</p>{self.plot()}"
-                "<table><tr><th>component</th><th>branches reached</th><th>lines reached</th>"
-                f"<th>functions with the most unreached branches</th></tr>{rows}</table>")
+            + "</td></tr>"
+            for name, c in self.components.items()
+        )
+        return (
+            f"<h2>Reach: lowering code run</h2><p>{esc(self._sampling())}</p>{self.plot()}"
+            "<table><tr><th>component</th><th>branches reached</th><th>lines reached</th>"
+            f"<th>functions with the most unreached branches</th></tr>{rows}</table>"
+        )
 
     def plot(self, width: int = 720, height: int = 320) -> str:
         """An SVG line plot: branch arcs reached against minutes, one line per component."""
@@ -94,24 +123,33 @@ class ReachSection:
         def xy(seconds: float, arcs: int) -> str:
             return f"{left + seconds / 60 / span_x * plot_w:.1f},{top + plot_h - arcs / span_y * plot_h:.1f}"
 
-        parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-                 f'role="img" aria-label="branch arcs reached over time" style="background:#fff">',
-                 f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#333"/>',
-                 f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#333"/>',
-                 f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle" font-size="12">'
-                 f'minutes ({span_x:.1f})</text>',
-                 f'<text x="14" y="{top + plot_h / 2}" font-size="12" transform="rotate(-90 14 {top + plot_h / 2})" '
-                 f'text-anchor="middle">branch arcs reached (max {span_y})</text>']
+        parts = [
+            f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+            f'role="img" aria-label="branch arcs reached over time" style="background:#fff">',
+            f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#333"/>',
+            f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#333"/>',
+            f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle" font-size="12">'
+            f"minutes ({span_x:.1f})</text>",
+            f'<text x="14" y="{top + plot_h / 2}" font-size="12" transform="rotate(-90 14 {top + plot_h / 2})" '
+            f'text-anchor="middle">branch arcs reached (max {span_y})</text>',
+        ]
         for index, (name, points) in enumerate(series.items()):
-            colour = _COLOURS[list(reach.COMPONENTS).index(name) % len(_COLOURS)] \
-                if name in reach.COMPONENTS else _COLOURS[index % len(_COLOURS)]
+            colour = (
+                _COLOURS[list(reach.COMPONENTS).index(name) % len(_COLOURS)]
+                if name in reach.COMPONENTS
+                else _COLOURS[index % len(_COLOURS)]
+            )
             steps = [xy(0, 0)] + [xy(s, a) for s, a in points]
-            parts.append(f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{" ".join(steps)}">'
-                         f'<title>{html.escape(name)}: {points[-1][1]}</title></polyline>')
+            parts.append(
+                f'<polyline fill="none" stroke="{colour}" stroke-width="2" points="{" ".join(steps)}">'
+                f"<title>{html.escape(name)}: {points[-1][1]}</title></polyline>"
+            )
             y = top + 14 * index + 10
-            parts.append(f'<rect x="{width - right + 10}" y="{y - 8}" width="10" height="10" fill="{colour}"/>'
-                         f'<text x="{width - right + 24}" y="{y + 1}" font-size="11">{html.escape(name)} '
-                         f'({points[-1][1]})</text>')
+            parts.append(
+                f'<rect x="{width - right + 10}" y="{y - 8}" width="10" height="10" fill="{colour}"/>'
+                f'<text x="{width - right + 24}" y="{y + 1}" font-size="11">{html.escape(name)} '
+                f"({points[-1][1]})</text>"
+            )
         parts.append("</svg>")
         return "".join(parts)
 
@@ -125,8 +163,14 @@ def section(artifacts: Optional[Path], records: list[dict]) -> ReachSection:
         return ReachSection()
     measured = reach.read(combined)
     every = _sampling(Path(artifacts))
-    return ReachSection(measured.components, measured.functions, reach.over_time(combined, measured),
-                        sum(1 for r in records if "new_arcs" in r), len(records), every)
+    return ReachSection(
+        measured.components,
+        measured.functions,
+        reach.over_time(combined, measured),
+        sum(1 for r in records if "new_arcs" in r),
+        len(records),
+        every,
+    )
 
 
 def combined_section(directories: list[Path], into: Path) -> Optional[ReachSection]:

@@ -16,14 +16,13 @@ from pathlib import Path
 from typing import Optional
 
 from etprop import flows
+from etprop.errors import UsageError
 from etprop.lowering.pipeline import ExportFailed
 from etprop.verdicts import repro
-from etprop.errors import UsageError
 from etprop.verdicts.known_findings import FINDINGS_DIR
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.session import Session
 from etprop.verdicts.signature import signature
-
 
 # The innermost function a signature names: a recorded finding's message is
 # often its exception line alone, without the traceback that names it.
@@ -37,7 +36,7 @@ class Replayed:
     now: str
     message: str
     recorded_message: str = ""
-    known: Optional[str] = None   # the recorded finding the failure is attributed to now
+    known: Optional[str] = None  # the recorded finding the failure is attributed to now
 
     @property
     def still_failing(self) -> bool:
@@ -48,8 +47,9 @@ class Replayed:
         gone), or failing with the recorded message's signature."""
         if self.known or not self.recorded_message:
             return True
-        loose = [_IN_FUNCTION.sub("", signature("", self.now, message))
-                 for message in (self.recorded_message, self.message)]
+        loose = [
+            _IN_FUNCTION.sub("", signature("", self.now, message)) for message in (self.recorded_message, self.message)
+        ]
         return loose[0] == loose[1]
 
     @property
@@ -77,17 +77,30 @@ def oracles_for(prop: str) -> list:
     try:
         return ORACLES_BY_PROPERTY[prop]
     except KeyError:
-        raise UsageError(f"repro names unknown property '{prop}'; known: "
-                         f"{', '.join(sorted(ORACLES_BY_PROPERTY))}") from None
+        raise UsageError(
+            f"repro names unknown property '{prop}'; known: {', '.join(sorted(ORACLES_BY_PROPERTY))}"
+        ) from None
 
 
-def replay_file(path: Path, artifacts: Path, verbose: bool = False, session: Optional[Session] = None,
-                flow_modules: Optional[list[str]] = None) -> Replayed:
+def replay_file(
+    path: Path,
+    artifacts: Path,
+    verbose: bool = False,
+    session: Optional[Session] = None,
+    flow_modules: Optional[list[str]] = None,
+) -> Replayed:
     return replay_record(repro.read(path), path, artifacts, verbose, session, flow_modules, checked=True)
 
 
-def replay_record(record: dict, path, artifacts: Path, verbose: bool = False, session: Optional[Session] = None,
-                  flow_modules: Optional[list[str]] = None, checked: bool = False) -> Replayed:
+def replay_record(
+    record: dict,
+    path,
+    artifacts: Path,
+    verbose: bool = False,
+    session: Optional[Session] = None,
+    flow_modules: Optional[list[str]] = None,
+    checked: bool = False,
+) -> Replayed:
     """Replay a repro record, checked like a file unless ``checked`` (it may come from anywhere)."""
     if not checked:
         repro.check_record(record, str(path))
@@ -98,12 +111,14 @@ def replay_record(record: dict, path, artifacts: Path, verbose: bool = False, se
     own = session is None
     session = session or Session(artifacts / "replay", flow_modules=flow_modules)
     try:
-        result = session.run(record["spec"], chosen, record["property"], oracles_for(record["property"]),
-                             attribute=True)
+        result = session.run(
+            record["spec"], chosen, record["property"], oracles_for(record["property"]), attribute=True
+        )
     except ExportFailed as exc:
         # torch.export rejects the program: the generator's defect, still there.
-        replayed = Replayed(path, record.get("outcome"), Outcome.EXPORT_ERROR.value, str(exc),
-                            record.get("message") or "")
+        replayed = Replayed(
+            path, record.get("outcome"), Outcome.EXPORT_ERROR.value, str(exc), record.get("message") or ""
+        )
         if verbose:
             print(f"export error (torch.export rejects the program; no flow ran): {str(exc).splitlines()[0]}")
             print(f"verdict: {replayed.status} (recorded: {replayed.recorded}, now: {replayed.now})")
@@ -112,18 +127,23 @@ def replay_record(record: dict, path, artifacts: Path, verbose: bool = False, se
         if own:
             session.close()
     worst = next((r for r in reversed(result.results) if r.outcome.is_failure), result.results[-1])
-    replayed = Replayed(path, record.get("outcome"), worst.outcome.value, worst.message,
-                        record.get("message") or "", worst.known)
+    replayed = Replayed(
+        path, record.get("outcome"), worst.outcome.value, worst.message, record.get("message") or "", worst.known
+    )
     if verbose:
         for flow_result in result.results:
-            print(f"{flow_result.flow}: {flow_result.outcome.value}"
-                  + (f" (known finding {flow_result.known})" if flow_result.known else ""))
+            print(
+                f"{flow_result.flow}: {flow_result.outcome.value}"
+                + (f" (known finding {flow_result.known})" if flow_result.known else "")
+            )
             for verdict in flow_result.verdicts:
                 print(f"  {verdict}")
         for followup in result.followups:
             for flow_result in followup.new_failures:
-                print(f"with the known cause neutralized, {flow_result.flow} fails anew: "
-                      f"{flow_result.outcome.value}: {flow_result.message[:300]} (repro: {followup.repro})")
+                print(
+                    f"with the known cause neutralized, {flow_result.flow} fails anew: "
+                    f"{flow_result.outcome.value}: {flow_result.message[:300]} (repro: {followup.repro})"
+                )
         print(f"verdict: {replayed.status} (recorded: {replayed.recorded}, now: {replayed.now})")
     return replayed
 

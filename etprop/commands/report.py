@@ -52,33 +52,47 @@ class Summary:
         for key, group in triage.groups(self.records).items():
             defect = found.get(key)
             if defect is None:
-                queued.append(DefectRow(group.signature, "not placed yet (queued)", len(group.members),
-                                        group.cells(), group.representative["repro"],
-                                        nodes=group.representative["nodes"],
-                                        message=group.representative["message"]))
+                queued.append(
+                    DefectRow(
+                        group.signature,
+                        "not placed yet (queued)",
+                        len(group.members),
+                        group.cells(),
+                        group.representative["repro"],
+                        nodes=group.representative["nodes"],
+                        message=group.representative["message"],
+                    )
+                )
                 continue
             where = triage.directory(key)
             ops = ", ".join(defect.ops) or "-"
-            title = (f"{defect.outcome} on {defect.flow} ({ops})" if defect.reproduced
-                     else f"{defect.outcome} on {defect.flow}: did not recur when run again")
-            defects.append(DefectRow(title, defect.layer, len(group.members), group.cells(),
-                                     str(where / "shrunk.json") if defect.reproduced else group.representative["repro"],
-                                     str(where / "draft.md") if defect.reproduced else "", defect.nodes,
-                                     defect.one_minimal, defect.message or group.representative["message"],
-                                     known=defect.known))
+            title = (
+                f"{defect.outcome} on {defect.flow} ({ops})"
+                if defect.reproduced
+                else f"{defect.outcome} on {defect.flow}: did not recur when run again"
+            )
+            defects.append(
+                DefectRow(
+                    title,
+                    defect.layer,
+                    len(group.members),
+                    group.cells(),
+                    str(where / "shrunk.json") if defect.reproduced else group.representative["repro"],
+                    str(where / "draft.md") if defect.reproduced else "",
+                    defect.nodes,
+                    defect.one_minimal,
+                    defect.message or group.representative["message"],
+                    known=defect.known,
+                )
+            )
         order = lambda row: (row.layer, -row.hits, row.title)
         return sorted(defects, key=order), sorted(queued, key=order)
 
     @classmethod
     def load(cls, artifacts: Path) -> "Summary":
-        records = []
-        for path in sorted((Path(artifacts) / "results").glob("*.jsonl")):
-            for line in path.read_text().splitlines():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError:
-                    continue  # a line cut by a killed process; the rest stays readable
-        return cls(records, Path(artifacts))
+        from etprop.verdicts.check import load_records
+
+        return cls(load_records(artifacts), Path(artifacts))
 
     def cells(self) -> dict[tuple[str, str], Counter]:
         cells: dict[tuple[str, str], Counter] = defaultdict(Counter)
@@ -202,8 +216,13 @@ class Summary:
                 if not Outcome(flow["outcome"]).is_failure or flow.get("known"):
                     continue
                 key = (record["property"], flow["flow"], flow["outcome"])
-                seen[key] = {"property": key[0], "flow": key[1], "outcome": key[2],
-                             "message": flow["message"], "repro": record.get("repro")}
+                seen[key] = {
+                    "property": key[0],
+                    "flow": key[1],
+                    "outcome": key[2],
+                    "message": flow["message"],
+                    "repro": record.get("repro"),
+                }
         return list(seen.values())
 
     def regressions(self) -> list[dict]:
@@ -217,23 +236,39 @@ class Summary:
             if change is None:
                 continue
             base, candidate = record["flows"][0], record["flows"][-1]
-            found.append({"property": record["property"], "flow": candidate["flow"], "outcome": candidate["outcome"],
-                          "kind": change["kind"], "why": change["why"],
-                          "baseline": f"{base['flow']}: {base['outcome']}", "message": candidate["message"],
-                          "repro": record.get("repro")})
+            found.append(
+                {
+                    "property": record["property"],
+                    "flow": candidate["flow"],
+                    "outcome": candidate["outcome"],
+                    "kind": change["kind"],
+                    "why": change["why"],
+                    "baseline": f"{base['flow']}: {base['outcome']}",
+                    "message": candidate["message"],
+                    "repro": record.get("repro"),
+                }
+            )
         return found
 
     def improvements(self) -> list[dict]:
         """Programs the baseline failed and the candidate passed."""
         from etprop.commands.compare import improved
 
-        return [{"property": r["property"], "baseline": f"{r['flows'][0]['flow']}: {r['flows'][0]['outcome']}",
-                 "message": r["flows"][0]["message"]} for r in self.records if improved(r)]
+        return [
+            {
+                "property": r["property"],
+                "baseline": f"{r['flows'][0]['flow']}: {r['flows'][0]['outcome']}",
+                "message": r["flows"][0]["message"],
+            }
+            for r in self.records
+            if improved(r)
+        ]
 
     def count(self, outcome: Outcome, flow: str | None = None) -> int:
         """Flow results with ``outcome`` (on ``flow`` only, when given)."""
-        return sum(1 for r in self.records for f in r["flows"]
-                   if f["outcome"] == outcome.value and flow in (None, f["flow"]))
+        return sum(
+            1 for r in self.records for f in r["flows"] if f["outcome"] == outcome.value and flow in (None, f["flow"])
+        )
 
     def known_count(self) -> int:
         return sum(1 for r in self.records for f in r["flows"] if f.get("known"))
@@ -257,9 +292,11 @@ class Summary:
             return ""
         total = sum(counts.values())
         several = total - counts.get("one cause", 0)
-        return (f"attribution: {total} failing flow results attributed by intervention; more than one cause needed "
-                f"in {several} ({several / total:.0%}): "
-                + ", ".join(f"{n} {how}" for how, n in sorted(counts.items(), key=lambda kv: -kv[1])))
+        return (
+            f"attribution: {total} failing flow results attributed by intervention; more than one cause needed "
+            f"in {several} ({several / total:.0%}): "
+            + ", ".join(f"{n} {how}" for how, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        )
 
     def op_coverage(self) -> dict[str, Counter]:
         coverage: dict[str, Counter] = defaultdict(Counter)
@@ -300,7 +337,7 @@ class Summary:
             return "control flow" if op.split(">")[-1] in CONTROL_FLOW_OPS else "ops"
 
         rows = []
-        for label, group in (("kind", kind), ("dtype", lambda key: key[key.rindex("[") + 1:-1])):
+        for label, group in (("kind", kind), ("dtype", lambda key: key[key.rindex("[") + 1 : -1])):
             for name in sorted({group(key) for key in space}):
                 members = {key for key in space if group(key) == name}
                 rows.append((f"{label}: {name}", len(members & reached), len(members)))
@@ -311,16 +348,20 @@ class Summary:
         if not reached:
             return []
         if wanted:
-            lines = [f"coverage: {len(reached & wanted)} of the {len(wanted)} combinations (op, argument value, dtype) "
-                     f"the coverage corpus's pool reaches ({len(reached & wanted) / len(wanted):.0%})"
-                     + (f", and {len(reached - wanted)} outside it" if reached - wanted else "")]
+            lines = [
+                f"coverage: {len(reached & wanted)} of the {len(wanted)} combinations (op, argument value, dtype) "
+                f"the coverage corpus's pool reaches ({len(reached & wanted) / len(wanted):.0%})"
+                + (f", and {len(reached - wanted)} outside it" if reached - wanted else "")
+            ]
         else:
             lines = [f"coverage: {len(reached)} combinations (op, argument value, dtype); no coverage corpus stored"]
         lines += [f"  {group:42} {done:5} / {total}" for group, done, total in self.coverage_rows()]
         missing = sorted(wanted - reached)
         if missing:
-            lines.append(f"  not reached ({min(shown, len(missing))} of {len(missing)}; all in coverage.json): "
-                         + "; ".join(missing[:shown]))
+            lines.append(
+                f"  not reached ({min(shown, len(missing))} of {len(missing)}; all in coverage.json): "
+                + "; ".join(missing[:shown])
+            )
         return lines
 
     def _cells_text(self, row: DefectRow) -> str:
@@ -331,11 +372,13 @@ class Summary:
         known = [row for row in defects if row.known]
         new = [row for row in defects + queued if not row.known]
         failing = sum(row.hits for row in new)
-        return (f"{self.total_examples()} examples; {failing} new failing flow results in "
-                f"{len({c for row in new for c in row.cells})} property x flow cells: "
-                f"{len(defects) - len(known)} defect(s) shrunk and placed, {len(queued)} failure group(s) queued; "
-                f"{self.known_count() + sum(row.hits for row in known)} hits on known findings"
-                + (f" ({sum(row.hits for row in known)} of them shown known only once shrunk)" if known else ""))
+        return (
+            f"{self.total_examples()} examples; {failing} new failing flow results in "
+            f"{len({c for row in new for c in row.cells})} property x flow cells: "
+            f"{len(defects) - len(known)} defect(s) shrunk and placed, {len(queued)} failure group(s) queued; "
+            f"{self.known_count() + sum(row.hits for row in known)} hits on known findings"
+            + (f" ({sum(row.hits for row in known)} of them shown known only once shrunk)" if known else "")
+        )
 
     def text(self) -> str:
         defects, queued = self.defects()
@@ -345,13 +388,16 @@ class Summary:
         if defects:
             lines.append("defects, by layer (hits: failing flow results; cells: property x flow where seen)")
         for row in defects:
-            lines.append(f"  [{row.layer}] {row.title}: {row.hits} hit(s); {row.nodes} node(s)"
-                         + (", 1-minimal" if row.one_minimal else ""))
+            lines.append(
+                f"  [{row.layer}] {row.title}: {row.hits} hit(s); {row.nodes} node(s)"
+                + (", 1-minimal" if row.one_minimal else "")
+            )
             lines.append(f"    seen in: {self._cells_text(row)}")
             lines.append(f"    repro: {row.repro}" + (f"  draft: {row.draft}" if row.draft else ""))
         if queued:
-            lines.append("queued failure groups (not shrunk yet: etprop shrink --pending --artifacts "
-                         f"{self.artifacts}):")
+            lines.append(
+                f"queued failure groups (not shrunk yet: etprop shrink --pending --artifacts {self.artifacts}):"
+            )
         for row in queued:
             lines.append(f"  {row.title}: {row.hits} hit(s), smallest {row.nodes} node(s); repro: {row.repro}")
         shares = self.shares()
@@ -359,8 +405,10 @@ class Summary:
         for (prop, flow), counts in sorted(self.cells().items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             designed, got = shares.get((prop, flow), (0.0, 0.0))
-            lines.append(f"  {prop:24} {flow:22} {sum(counts.values()):5} examples ({designed:5.1%} / {got:5.1%}): "
-                         f"{outcome_text}")
+            lines.append(
+                f"  {prop:24} {flow:22} {sum(counts.values()):5} examples ({designed:5.1%} / {got:5.1%}): "
+                f"{outcome_text}"
+            )
         short = [(got / designed, cell) for cell, (designed, got) in shares.items() if designed]
         if short:
             ratio, (prop, flow) = min(short)
@@ -413,17 +461,20 @@ class Summary:
             lines += ["| layer | defect | hits | seen in | repro |", "|---|---|---|---|---|"]
         for row in defects:
             draft = f" ([draft]({row.draft}))" if row.draft else ""
-            lines.append(f"| {row.layer} | {row.title}, {row.nodes} node(s){', 1-minimal' if row.one_minimal else ''} "
-                         f"| {row.hits} | {self._cells_text(row)} | `{row.repro}`{draft} |")
+            lines.append(
+                f"| {row.layer} | {row.title}, {row.nodes} node(s){', 1-minimal' if row.one_minimal else ''} "
+                f"| {row.hits} | {self._cells_text(row)} | `{row.repro}`{draft} |"
+            )
         for row in queued:
             lines.append(f"| queued | `{row.title}` | {row.hits} | {self._cells_text(row)} | `{row.repro}` |")
         shares = self.shares()
-        lines += ["", "| property | flow | examples | designed share | got | outcomes |",
-                  "|---|---|---|---|---|---|"]
+        lines += ["", "| property | flow | examples | designed share | got | outcomes |", "|---|---|---|---|---|---|"]
         for (prop, flow), counts in sorted(self.cells().items()):
             outcome_text = ", ".join(f"{n} {o}" for o, n in counts.most_common())
             designed, got = shares.get((prop, flow), (0.0, 0.0))
-            lines.append(f"| {prop} | `{flow}` | {sum(counts.values())} | {designed:.1%} | {got:.1%} | {outcome_text} |")
+            lines.append(
+                f"| {prop} | `{flow}` | {sum(counts.values())} | {designed:.1%} | {got:.1%} | {outcome_text} |"
+            )
         served = self.least_served_text()
         if served:
             lines += [""] + served
@@ -449,39 +500,59 @@ class Summary:
 
     def html(self) -> str:
         esc = html.escape
+
         def badges(counts: Counter) -> str:
-            return "".join(f'<span class="o {esc(o.split()[0])}">{n} {esc(o)}</span>'
-                           for o, n in counts.most_common())
+            return "".join(f'<span class="o {esc(o.split()[0])}">{n} {esc(o)}</span>' for o, n in counts.most_common())
 
         defects, queued = self.defects()
-        defect_rows = "".join(
-            f"<tr><td>{esc(row.layer)}</td><td>{esc(row.title)}<br><small>{row.nodes} node(s)"
-            f"{', 1-minimal' if row.one_minimal else ''}</small><pre>{esc(row.message[:1500])}</pre></td>"
-            f"<td>{row.hits}</td>"
-            f"<td>{esc(self._cells_text(row))}</td><td><a href='{esc(row.repro)}'>repro</a>"
-            + (f" <a href='{esc(row.draft)}'>issue draft</a>" if row.draft else "") + "</td></tr>"
-            for row in defects + queued) or "<tr><td colspan=5>none</td></tr>"
+        defect_rows = (
+            "".join(
+                f"<tr><td>{esc(row.layer)}</td><td>{esc(row.title)}<br><small>{row.nodes} node(s)"
+                f"{', 1-minimal' if row.one_minimal else ''}</small><pre>{esc(row.message[:1500])}</pre></td>"
+                f"<td>{row.hits}</td>"
+                f"<td>{esc(self._cells_text(row))}</td><td><a href='{esc(row.repro)}'>repro</a>"
+                + (f" <a href='{esc(row.draft)}'>issue draft</a>" if row.draft else "")
+                + "</td></tr>"
+                for row in defects + queued
+            )
+            or "<tr><td colspan=5>none</td></tr>"
+        )
         rows = "".join(
             f"<tr><td>{esc(prop)}</td><td><code>{esc(flow)}</code></td><td>{sum(c.values())}</td>"
-            f"<td>{badges(c)}</td></tr>" for (prop, flow), c in sorted(self.cells().items()))
+            f"<td>{badges(c)}</td></tr>"
+            for (prop, flow), c in sorted(self.cells().items())
+        )
         quantized = "".join(
             f"<tr><td>{esc(scheme)}</td><td><code>{esc(flow)}</code></td><td>{sum(c.values())}</td>"
-            f"<td>{badges(c)}</td></tr>" for (scheme, flow), c in sorted(self.quantization_cells().items()))
-        quantized_table = (f"<h2>Quantized programs per scheme and flow</h2><table><tr><th>scheme</th><th>flow</th>"
-                           f"<th>flow results</th><th>outcomes</th></tr>{quantized}</table>" if quantized else "")
+            f"<td>{badges(c)}</td></tr>"
+            for (scheme, flow), c in sorted(self.quantization_cells().items())
+        )
+        quantized_table = (
+            f"<h2>Quantized programs per scheme and flow</h2><table><tr><th>scheme</th><th>flow</th>"
+            f"<th>flow results</th><th>outcomes</th></tr>{quantized}</table>"
+            if quantized
+            else ""
+        )
         pattern_rows = "".join(
             f"<tr><td><code>{esc(flow)}</code></td><td>{esc(pattern)}</td><td>{delegated}</td><td>{total}</td></tr>"
-            for (flow, pattern), (delegated, total) in sorted(self.quantized_patterns().items()))
+            for (flow, pattern), (delegated, total) in sorted(self.quantized_patterns().items())
+        )
         if pattern_rows:
-            quantized_table += ("<h2>Quantized GEMMs inside a delegate</h2><table><tr><th>flow</th><th>pattern</th>"
-                                f"<th>inside a delegate</th><th>in the programs</th></tr>{pattern_rows}</table>")
+            quantized_table += (
+                "<h2>Quantized GEMMs inside a delegate</h2><table><tr><th>flow</th><th>pattern</th>"
+                f"<th>inside a delegate</th><th>in the programs</th></tr>{pattern_rows}</table>"
+            )
         coverage = self.op_coverage()
         all_ops = sorted({op for c in coverage.values() for op in c})
         cov_head = "".join(f"<th>{esc(flow)}</th>" for flow in sorted(coverage))
         cov_rows = "".join(
             f"<tr><td><code>{esc(op)}</code></td>"
-            + "".join(f"<td class='{'hit' if coverage[f][op] else 'miss'}'>{coverage[f][op]}</td>"
-                      for f in sorted(coverage)) + "</tr>" for op in all_ops)
+            + "".join(
+                f"<td class='{'hit' if coverage[f][op] else 'miss'}'>{coverage[f][op]}</td>" for f in sorted(coverage)
+            )
+            + "</tr>"
+            for op in all_ops
+        )
         return f"""<!doctype html><html><head><meta charset="utf-8"><title>etprop campaign</title>
 <style>body{{font-family:sans-serif;margin:2em;color:#222}}table{{border-collapse:collapse;margin-bottom:2em}}
 td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}th{{background:#eee}}
@@ -489,8 +560,10 @@ td,th{{border:1px solid #ccc;padding:4px 8px;text-align:left}}th{{background:#ee
 .o.pass{{background:#cfc}}.o.unsupported{{background:#eee}}.hit{{background:#cfc}}.miss{{background:#fdd}}
 pre{{background:#f6f6f6;padding:6px;white-space:pre-wrap}}</style></head><body>
 <h1>etprop campaign</h1><p>{esc(self.headline())}</p>
-<h2>Defects</h2><table><tr><th>layer</th><th>defect</th><th>hits</th><th>seen in</th><th>files</th></tr>{defect_rows}</table>
-<h2>Outcomes per property and flow</h2><table><tr><th>property</th><th>flow</th><th>examples</th><th>outcomes</th></tr>{rows}</table>
+<h2>Defects</h2><table><tr><th>layer</th><th>defect</th><th>hits</th><th>seen in</th><th>files</th></tr>
+{defect_rows}</table>
+<h2>Outcomes per property and flow</h2>
+<table><tr><th>property</th><th>flow</th><th>examples</th><th>outcomes</th></tr>{rows}</table>
 {quantized_table}
 {self.reach().html()}
 <h2>Op coverage (examples containing each op)</h2><table><tr><th>op</th>{cov_head}</tr>{cov_rows}</table>
@@ -506,6 +579,15 @@ def write_reports(summary: Summary, directory: Path) -> list[Path]:
     lowering = summary.reach().to_json() if summary.reach().components else None
     if reached or lowering:
         paths.append(directory / "coverage.json")
-        atomic_write(paths[2], json.dumps({"reached": sorted(reached), "not_reached": sorted(wanted - reached),
-                                           **({"reach": lowering} if lowering else {})}, indent=1))
+        atomic_write(
+            paths[2],
+            json.dumps(
+                {
+                    "reached": sorted(reached),
+                    "not_reached": sorted(wanted - reached),
+                    **({"reach": lowering} if lowering else {}),
+                },
+                indent=1,
+            ),
+        )
     return paths

@@ -24,9 +24,9 @@ PRIOR_SECONDS = 30.0
 class ItemShare:
     designed: float
     floor: float
-    earned: float          # the share the schedule gives it
-    rate: float            # new arcs per CPU-second, recent examples (prior included)
-    measured: int          # measured examples the rate is read from
+    earned: float  # the share the schedule gives it
+    rate: float  # new arcs per CPU-second, recent examples (prior included)
+    measured: int  # measured examples the rate is read from
 
     def as_dict(self) -> dict:
         return dict(self.__dict__)
@@ -45,14 +45,21 @@ def shares(records: list[dict], designed: dict[str, float]) -> dict[str, ItemSha
     if not recent:
         return {item: ItemShare(share, floors[item], share, 0.0, 0) for item, share in designed.items()}
     mean = sum(arcs.values()) / max(sum(seconds.values()), 1e-9)
-    rates = {item: (arcs.get(item, 0) + mean * PRIOR_SECONDS) / (seconds.get(item, 0.0) + PRIOR_SECONDS)
-             for item in designed}
+    rates = {
+        item: (arcs.get(item, 0) + mean * PRIOR_SECONDS) / (seconds.get(item, 0.0) + PRIOR_SECONDS) for item in designed
+    }
     pool = max(sum(designed.values()) - sum(floors.values()), 0.0)
     total = sum(rates.values())
-    return {item: ItemShare(designed[item], floors[item],
-                            floors[item] + (pool * rates[item] / total if total > 0 else pool / len(designed)),
-                            rates[item], len(recent.get(item, [])[-WINDOW:]))
-            for item in designed}
+    return {
+        item: ItemShare(
+            designed[item],
+            floors[item],
+            floors[item] + (pool * rates[item] / total if total > 0 else pool / len(designed)),
+            rates[item],
+            len(recent.get(item, [])[-WINDOW:]),
+        )
+        for item in designed
+    }
 
 
 def text(scheduled: dict[str, ItemShare], shown: int = 12) -> list[str]:
@@ -61,11 +68,15 @@ def text(scheduled: dict[str, ItemShare], shown: int = 12) -> list[str]:
         return []
     total = sum(s.earned for s in scheduled.values()) or 1.0
     rows = sorted(scheduled.items(), key=lambda kv: -kv[1].earned)
-    lines = [f"schedule (share of a round: floor / designed / earned; new arcs per CPU-second over the last "
-             f"{WINDOW} measured examples):"]
+    lines = [
+        f"schedule (share of a round: floor / designed / earned; new arcs per CPU-second over the last "
+        f"{WINDOW} measured examples):"
+    ]
     for item, share in rows[:shown]:
-        lines.append(f"  {item.split('::')[-1]:64} {share.floor / total:5.1%} / {share.designed / total:5.1%} / "
-                     f"{share.earned / total:5.1%}  ({share.rate:.1f}/s, {share.measured} measured)")
+        lines.append(
+            f"  {item.split('::')[-1]:64} {share.floor / total:5.1%} / {share.designed / total:5.1%} / "
+            f"{share.earned / total:5.1%}  ({share.rate:.1f}/s, {share.measured} measured)"
+        )
     if len(rows) > shown:
         lines.append(f"  ... {len(rows) - shown} more items in schedule.json")
     return lines

@@ -15,15 +15,15 @@ from __future__ import annotations
 import copy
 import math
 import re
-import time
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterator, Optional
 
-from etprop.verdicts import repro
-from etprop.program import spec as specmod
 from etprop.errors import UsageError
+from etprop.program import spec as specmod
+from etprop.verdicts import repro
 
 
 def _referenced_state(nodes: list[dict]) -> set[str]:
@@ -82,7 +82,8 @@ def _quantization_simplifications(spec: dict) -> Iterator[tuple[str, dict]]:
         return
     yield "no quantization", _float(spec)
     layers = quantization.get("modules") or sorted(
-        {node["state"] for _, node in specmod.all_nodes(spec) if node["op"] == "layer"})
+        {node["state"] for _, node in specmod.all_nodes(spec) if node["op"] == "layer"}
+    )
     if len(layers) > 1 or not quantization.get("modules"):
         for layer in layers:
             smaller = copy.deepcopy(spec)
@@ -96,6 +97,7 @@ def _quantization_simplifications(spec: dict) -> Iterator[tuple[str, dict]]:
 
 def _bodies(spec: dict) -> Iterator[tuple[str, dict]]:
     """Every node list with its outputs: methods, then control-flow bodies."""
+
     def walk(where: str, body: dict):
         yield where, body
         for node in body["nodes"]:
@@ -200,10 +202,15 @@ def _simplifications(spec: dict) -> Iterator[tuple[str, dict]]:
     inputs, arguments back to their defaults; for a quantized program, no
     quantization or less of it first."""
     yield from _quantization_simplifications(spec)
-    low_precision = spec.get("dtype", "float32") != "float32" or any(
-        inp.get("dtype", "float32") not in ("float32", "int64", "bool")
-        for body in spec["methods"].values() for inp in body["inputs"]) or any(
-        entry.get("dtype") for entry in spec.get("state", {}).values())
+    low_precision = (
+        spec.get("dtype", "float32") != "float32"
+        or any(
+            inp.get("dtype", "float32") not in ("float32", "int64", "bool")
+            for body in spec["methods"].values()
+            for inp in body["inputs"]
+        )
+        or any(entry.get("dtype") for entry in spec.get("state", {}).values())
+    )
     if low_precision:
         smaller = copy.deepcopy(spec)
         smaller.pop("dtype", None)
@@ -241,8 +248,11 @@ def _simplifications(spec: dict) -> Iterator[tuple[str, dict]]:
     for method, node in list(specmod.all_nodes(spec)):
         for name in node.get("attrs", {}):
             smaller = copy.deepcopy(spec)
-            twin = next(n for m, n in specmod.all_nodes(smaller) if m == method and n["id"] == node["id"]
-                        and n.get("attrs", {}).get(name) == node["attrs"][name])
+            twin = next(
+                n
+                for m, n in specmod.all_nodes(smaller)
+                if m == method and n["id"] == node["id"] and n.get("attrs", {}).get(name) == node["attrs"][name]
+            )
             del twin["attrs"][name]
             yield f"{node['op']} {node['id']}: {name} back to its default", smaller
 
@@ -286,9 +296,11 @@ def size(spec: dict) -> tuple:
     params = sum(len(e.get("parametrizations", [])) for e in spec.get("state", {}).values())
     outputs = sum(len(body["outputs"]) for body in spec["methods"].values())
     inputs = [inp for body in spec["methods"].values() for inp in body["inputs"]]
-    low = int(spec.get("dtype", "float32") != "float32") + sum(
-        inp.get("dtype") in ("float16", "bfloat16") for inp in inputs) + sum(
-        1 for e in spec.get("state", {}).values() if e.get("dtype") in ("float16", "bfloat16"))
+    low = (
+        int(spec.get("dtype", "float32") != "float32")
+        + sum(inp.get("dtype") in ("float16", "bfloat16") for inp in inputs)
+        + sum(1 for e in spec.get("state", {}).values() if e.get("dtype") in ("float16", "bfloat16"))
+    )
     attrs = sum(len(node.get("attrs", {})) for _, node in specmod.all_nodes(spec))
     quantization = spec.get("quantization")
     if quantization:
@@ -296,8 +308,15 @@ def size(spec: dict) -> tuple:
         low += 1 + len(quantization.get("modules") or spec.get("state", {}))
         attrs += quantization.get("calibration", 1) - 1
     elements = sum(math.prod(inp["shape"]) + len(inp.get("dynamic", [])) for inp in inputs)
-    return (specmod.count_ops(spec), params + outputs + len(spec["methods"]), len(inputs), low, attrs,
-            elements, len(specmod.dumps(spec)))
+    return (
+        specmod.count_ops(spec),
+        params + outputs + len(spec["methods"]),
+        len(inputs),
+        low,
+        attrs,
+        elements,
+        len(specmod.dumps(spec)),
+    )
 
 
 @dataclass
@@ -310,8 +329,9 @@ class Failure:
     pattern: Optional[re.Pattern]
 
     def describe(self) -> str:
-        return (f"{self.flow}: {self.outcome} from the {self.oracle} oracle"
-                + (f", message matching /{self.pattern.pattern}/" if self.pattern else ""))
+        return f"{self.flow}: {self.outcome} from the {self.oracle} oracle" + (
+            f", message matching /{self.pattern.pattern}/" if self.pattern else ""
+        )
 
 
 def reproduces(result, failure: Failure) -> bool:
@@ -319,8 +339,7 @@ def reproduces(result, failure: Failure) -> bool:
     if result is None:
         return False
     for flow_result in result.results:
-        if (flow_result.flow != failure.flow or flow_result.outcome.value != failure.outcome
-                or flow_result.known):
+        if flow_result.flow != failure.flow or flow_result.outcome.value != failure.outcome or flow_result.known:
             continue
         failed = [v for v in flow_result.verdicts if not v.ok]
         if not failed or failed[0].oracle != failure.oracle:
@@ -358,13 +377,22 @@ class Shrunk:
     one_minimal: bool
 
     def facts(self, original: dict) -> dict:
-        return {"one_minimal": self.one_minimal, "checks": self.checks,
-                "nodes_before": specmod.count_ops(original), "nodes": specmod.count_ops(self.spec)}
+        return {
+            "one_minimal": self.one_minimal,
+            "checks": self.checks,
+            "nodes_before": specmod.count_ops(original),
+            "nodes": specmod.count_ops(self.spec),
+        }
 
 
-def shrink_to(spec: dict, still_fails: Callable[[dict], bool], log: Callable[[str], None] = print,
-              max_checks: int = 400, deadline: Optional[float] = None,
-              on_kept: Optional[Callable[[Shrunk], None]] = None) -> Shrunk:
+def shrink_to(
+    spec: dict,
+    still_fails: Callable[[dict], bool],
+    log: Callable[[str], None] = print,
+    max_checks: int = 400,
+    deadline: Optional[float] = None,
+    on_kept: Optional[Callable[[Shrunk], None]] = None,
+) -> Shrunk:
     """Greedy: take the first smaller candidate that still fails, start over;
     stop at a 1-minimal spec, after ``max_checks`` lowerings or at ``deadline``.
     ``on_kept`` sees every smaller failing spec as it is found, so a shrink cut
@@ -390,13 +418,16 @@ def shrink_to(spec: dict, still_fails: Callable[[dict], bool], log: Callable[[st
                 if on_kept is not None:
                     on_kept(Shrunk(best, checks, False))
                 break
-    log(f"shrink: {checks} candidates lowered; {specmod.count_ops(spec)} -> {specmod.count_ops(best)} nodes"
-        + ("; 1-minimal" if not exhausted else "; stopped early (not 1-minimal)"))
+    log(
+        f"shrink: {checks} candidates lowered; {specmod.count_ops(spec)} -> {specmod.count_ops(best)} nodes"
+        + ("; 1-minimal" if not exhausted else "; stopped early (not 1-minimal)")
+    )
     return Shrunk(best, checks, not exhausted)
 
 
-def shrink(spec: dict, still_fails: Callable[[dict], bool], log: Callable[[str], None] = print,
-           max_checks: int = 400) -> dict:
+def shrink(
+    spec: dict, still_fails: Callable[[dict], bool], log: Callable[[str], None] = print, max_checks: int = 400
+) -> dict:
     return shrink_to(spec, still_fails, log, max_checks).spec
 
 
@@ -404,18 +435,26 @@ def _failure_of(flow: Optional[str], match: Optional[str], first) -> Failure:
     failing = [r for r in first.results if r.outcome.is_failure]
     chosen = next((r for r in failing if r.flow == flow), None) if flow else (failing[-1] if failing else None)
     if chosen is None:
-        raise UsageError("the repro does not fail here (every flow passes), so there is nothing to shrink; "
-                         "check 'etprop repro' on it first")
+        raise UsageError(
+            "the repro does not fail here (every flow passes), so there is nothing to shrink; "
+            "check 'etprop repro' on it first"
+        )
     oracle = next(v.oracle for v in chosen.verdicts if not v.ok)
     return Failure(chosen.flow, chosen.outcome.value, oracle, re.compile(match) if match else None)
 
 
-def shrink_file(path: Path, output: Optional[Path], match: Optional[str], flow: Optional[str],
-                max_checks: int, flow_modules: Optional[list[str]] = None) -> Path:
+def shrink_file(
+    path: Path,
+    output: Optional[Path],
+    match: Optional[str],
+    flow: Optional[str],
+    max_checks: int,
+    flow_modules: Optional[list[str]] = None,
+) -> Path:
     """Shrink the repro at ``path``; write the result (JSON + script) and return its path."""
     from etprop import flows as flowreg
-    from etprop.lowering.pipeline import ExportFailed
     from etprop.commands.replay import oracles_for
+    from etprop.lowering.pipeline import ExportFailed
     from etprop.verdicts.session import Session
 
     record = repro.read(path)
@@ -438,14 +477,17 @@ def shrink_file(path: Path, output: Optional[Path], match: Optional[str], flow: 
 
             first = run(record["spec"])
             if first is None:
-                raise UsageError(f"the program in '{path}' does not export with this torch; "
-                                 "it cannot be shrunk here (see 'etprop repro' on it)")
+                raise UsageError(
+                    f"the program in '{path}' does not export with this torch; "
+                    "it cannot be shrunk here (see 'etprop repro' on it)"
+                )
             if any(r.known for r in first.results if r.outcome.is_failure) and not first.new_failures:
                 attribute["on"] = False
                 first = run(record["spec"])
             failure = _failure_of(flow, match, first)
-            print(f"shrinking {path} ({specmod.count_ops(record['spec'])} nodes) while it fails as "
-                  f"{failure.describe()}")
+            print(
+                f"shrinking {path} ({specmod.count_ops(record['spec'])} nodes) while it fails as {failure.describe()}"
+            )
             # shrink() keeps exactly the candidates that reproduce, so the
             # last reproducing run is the smallest spec's: no final lowering.
             latest = {"result": first}
@@ -461,8 +503,16 @@ def shrink_file(path: Path, output: Optional[Path], match: Optional[str], flow: 
 
             def save(shrunk: Shrunk) -> None:
                 message = next((r.message for r in latest["result"].results if r.flow == failure.flow), "")
-                repro.write(output, shrunk.spec, record["flows"], record["property"], failure.outcome, message,
-                            script_flow=failure.flow, shrink=shrunk.facts(record["spec"]))
+                repro.write(
+                    output,
+                    shrunk.spec,
+                    record["flows"],
+                    record["property"],
+                    failure.outcome,
+                    message,
+                    script_flow=failure.flow,
+                    shrink=shrunk.facts(record["spec"]),
+                )
 
             shrunk = shrink_to(record["spec"], still_fails, max_checks=max_checks, on_kept=save)
         finally:

@@ -43,7 +43,7 @@ from typing import Callable, Optional
 from etprop.errors import UsageError
 from etprop.program import spec as specmod
 from etprop.verdicts import repro
-from etprop.verdicts.check import Artifacts
+from etprop.verdicts.check import Artifacts, load_records
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.signature import signature
 
@@ -69,6 +69,7 @@ def _claim_is_stale(path: Path) -> bool:
     except PermissionError:
         return False
     return False
+
 
 def _short(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:10]
@@ -193,8 +194,9 @@ class Triage:
                 if other_key == key or not other.reproduced:
                     continue
                 listed = key in other.merged and (other_key not in mine.merged or other_key < key)
-                same = programs.get(key) is not None and programs.get(key) == programs.get(other_key) \
-                    and other_key < key
+                same = (
+                    programs.get(key) is not None and programs.get(key) == programs.get(other_key) and other_key < key
+                )
                 if listed or same:
                     other.merged = sorted(set(other.merged) | {key} | set(mine.merged) - {other_key})
                     del found[key]
@@ -221,11 +223,17 @@ class Triage:
                     # Not that defect: a group of this signature's own.
                     key = _short(f"{sig} without {sorted(defect.ops)}")
                 group = groups.setdefault(key, Group(key, sig, flow["flow"], flow["outcome"]))
-                history = kept.history_path(
-                    record["property"], [f["flow"] for f in record["flows"]], record["digest"])
-                group.members.append({"property": record["property"], "flow": flow["flow"],
-                                      "nodes": record.get("nodes", 0), "message": flow["message"],
-                                      "repro": str(history), "ops": record.get("ops", [])})
+                history = kept.history_path(record["property"], [f["flow"] for f in record["flows"]], record["digest"])
+                group.members.append(
+                    {
+                        "property": record["property"],
+                        "flow": flow["flow"],
+                        "nodes": record.get("nodes", 0),
+                        "message": flow["message"],
+                        "repro": str(history),
+                        "ops": record.get("ops", []),
+                    }
+                )
         return groups
 
     def pending(self, groups: dict[str, Group]) -> list[Group]:
@@ -281,23 +289,47 @@ def layer(failing: dict[str, str], flow_baselines: dict[str, Optional[str]]) -> 
 def draft(defect: Defect, spec: dict, script: str, versions: dict) -> str:
     """A markdown issue draft, pasteable upstream."""
     fails = ", ".join(f"`{flow}` ({defect.verdicts[flow]})" for flow in defect.same_way) or "none"
-    otherwise = ", ".join(f"`{flow}` ({outcome})" for flow, outcome in sorted(defect.verdicts.items())
-                          if Outcome(outcome).is_failure and flow not in defect.same_way)
-    passes = ", ".join(f"`{flow}`" for flow, outcome in sorted(defect.verdicts.items())
-                       if not Outcome(outcome).is_failure) or "none"
+    otherwise = ", ".join(
+        f"`{flow}` ({outcome})"
+        for flow, outcome in sorted(defect.verdicts.items())
+        if Outcome(outcome).is_failure and flow not in defect.same_way
+    )
+    passes = (
+        ", ".join(f"`{flow}`" for flow, outcome in sorted(defect.verdicts.items()) if not Outcome(outcome).is_failure)
+        or "none"
+    )
     dtype = spec.get("dtype", "float32")
     ops = ", ".join(f"`{op}`" for op in defect.ops) or "no op"
     lines = [
-        f"# {defect.layer}: {defect.outcome} on `{defect.flow}` with {ops} ({dtype})", "",
-        "Versions: " + ", ".join(f"{name} {version}" for name, version in sorted(versions.items())), "",
-        f"Fails this way on: {fails}." + (f" Fails otherwise on: {otherwise}." if otherwise else "")
-        + f" Passes on: {passes}.", "",
+        f"# {defect.layer}: {defect.outcome} on `{defect.flow}` with {ops} ({dtype})",
+        "",
+        "Versions: " + ", ".join(f"{name} {version}" for name, version in sorted(versions.items())),
+        "",
+        f"Fails this way on: {fails}."
+        + (f" Fails otherwise on: {otherwise}." if otherwise else "")
+        + f" Passes on: {passes}.",
+        "",
         f"Minimal program: {defect.nodes} node(s)"
-        + (", 1-minimal (removing or simplifying any one part makes it pass)" if defect.one_minimal
-           else ", not proven 1-minimal (the shrink budget ran out)") + ".", "",
-        "## Expected vs actual", "", "```", defect.message[:3000], "```", "",
-        f"## Script (torch and executorch only; exits 1 while the defect is present)", "",
-        "```python", script.rstrip(), "```", ""]
+        + (
+            ", 1-minimal (removing or simplifying any one part makes it pass)"
+            if defect.one_minimal
+            else ", not proven 1-minimal (the shrink budget ran out)"
+        )
+        + ".",
+        "",
+        "## Expected vs actual",
+        "",
+        "```",
+        defect.message[:3000],
+        "```",
+        "",
+        "## Script (torch and executorch only; exits 1 while the defect is present)",
+        "",
+        "```python",
+        script.rstrip(),
+        "```",
+        "",
+    ]
     return "\n".join(lines)
 
 
@@ -307,8 +339,14 @@ def _oracles_for(spec: dict) -> tuple[str, list]:
     return ("multi_method", MULTI_METHOD) if len(spec["methods"]) > 1 else ("mixed", SINGLE_FLOW)
 
 
-def triage_group(triage: Triage, group: Group, session, deadline: Optional[float],
-                 log: Callable[[str], None] = print, max_checks: int = 400) -> Optional[Defect]:
+def triage_group(
+    triage: Triage,
+    group: Group,
+    session,
+    deadline: Optional[float],
+    log: Callable[[str], None] = print,
+    max_checks: int = 400,
+) -> Optional[Defect]:
     """Shrink one group and place it; None when the deadline came first (the
     progress is kept for the next run)."""
     from etprop import flows as flowreg
@@ -332,26 +370,49 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
         except ExportFailed:
             return False
         for flow_result in result.results:
-            if flow_result.flow == group.flow and not flow_result.known and signature(
-                    flow_result.flow, flow_result.outcome.value, flow_result.message) == group.signature:
+            if (
+                flow_result.flow == group.flow
+                and not flow_result.known
+                and signature(flow_result.flow, flow_result.outcome.value, flow_result.message) == group.signature
+            ):
                 last["message"] = flow_result.message
                 return True
         return False
 
-    log(f"triage {group.key}: {group.signature} ({len(group.members)} hit(s)); "
-        f"shrinking {specmod.count_ops(start)} nodes")
+    log(
+        f"triage {group.key}: {group.signature} ({len(group.members)} hit(s)); "
+        f"shrinking {specmod.count_ops(start)} nodes"
+    )
     if not same_failure(start):
-        defect = Defect(group.key, group.signature, group.flow, group.outcome, member["property"],
-                        "did not recur when run again", {}, [], specmod.count_ops(start), False,
-                        member.get("message", ""), reproduced=False)
+        defect = Defect(
+            group.key,
+            group.signature,
+            group.flow,
+            group.outcome,
+            member["property"],
+            "did not recur when run again",
+            {},
+            [],
+            specmod.count_ops(start),
+            False,
+            member.get("message", ""),
+            reproduced=False,
+        )
         triage.save(defect)
         return defect
-    def keep_progress(shrunk) -> None:
-        repro.write(progress, shrunk.spec, member["flows"], member["property"], group.outcome,
-                    last.get("message", ""), script=False)
 
-    shrunk = shrink_to(start, same_failure, log=log, max_checks=max_checks, deadline=deadline,
-                       on_kept=keep_progress)
+    def keep_progress(shrunk) -> None:
+        repro.write(
+            progress,
+            shrunk.spec,
+            member["flows"],
+            member["property"],
+            group.outcome,
+            last.get("message", ""),
+            script=False,
+        )
+
+    shrunk = shrink_to(start, same_failure, log=log, max_checks=max_checks, deadline=deadline, on_kept=keep_progress)
     if not shrunk.one_minimal and deadline is not None and time.time() > deadline:
         keep_progress(shrunk)
         log(f"triage {group.key}: budget spent at {specmod.count_ops(shrunk.spec)} nodes; queued")
@@ -362,8 +423,12 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
         return _record_as_known(triage, group, member, spec, shrunk, known, log)
     mine = canonical(spec)
     for other in triage.defects().values():
-        if other.key != group.key and other.reproduced and (triage.directory(other.key) / "shrunk.json").exists() \
-                and canonical(repro.read(triage.directory(other.key) / "shrunk.json")["spec"]) == mine:
+        if (
+            other.key != group.key
+            and other.reproduced
+            and (triage.directory(other.key) / "shrunk.json").exists()
+            and canonical(repro.read(triage.directory(other.key) / "shrunk.json")["spec"]) == mine
+        ):
             log(f"triage {group.key}: the same minimal program as {other.key}; merged")
             triage.merge(other, [group.key])
             progress.unlink(missing_ok=True)
@@ -373,8 +438,9 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
     try:
         placed = session.run(spec, everywhere, layer_property, layer_oracles)
         verdicts = {r.flow: r.outcome.value for r in placed.results}
-        signatures = {r.flow: signature(r.flow, r.outcome.value, r.message) for r in placed.results
-                      if r.outcome.is_failure}
+        signatures = {
+            r.flow: signature(r.flow, r.outcome.value, r.message) for r in placed.results if r.outcome.is_failure
+        }
     except ExportFailed:
         verdicts, signatures = {}, {}
     # The defect's own flow fails by its signature, judged by its property's oracles
@@ -386,21 +452,38 @@ def triage_group(triage: Triage, group: Group, session, deadline: Optional[float
     same_way = sorted({group.flow} | {flow for flow, sig in signatures.items() if sig.split(" | ", 1)[1] == kind})
     baselines = {f.name: f.baseline for f in flowreg.all_flows()}
     ops = sorted({node["op"] for _, node in specmod.all_nodes(spec)})
-    defect = Defect(group.key, group.signature, group.flow, group.outcome, member["property"],
-                    layer({flow: verdicts[flow] for flow in same_way}, baselines), verdicts, ops,
-                    specmod.count_ops(spec), shrunk.one_minimal, last.get("message", member.get("message", "")),
-                    same_way=same_way)
-    shrunk_path = repro.write(directory / "shrunk.json", spec, member["flows"], member["property"],
-                              group.outcome, defect.message, script_flow=group.flow,
-                              shrink=shrunk.facts(member["spec"]))
-    repro.atomic_write(directory / "draft.md", draft(defect, spec, shrunk_path.with_suffix(".py").read_text(),
-                                                     repro.versions()))
+    defect = Defect(
+        group.key,
+        group.signature,
+        group.flow,
+        group.outcome,
+        member["property"],
+        layer({flow: verdicts[flow] for flow in same_way}, baselines),
+        verdicts,
+        ops,
+        specmod.count_ops(spec),
+        shrunk.one_minimal,
+        last.get("message", member.get("message", "")),
+        same_way=same_way,
+    )
+    shrunk_path = repro.write(
+        directory / "shrunk.json",
+        spec,
+        member["flows"],
+        member["property"],
+        group.outcome,
+        defect.message,
+        script_flow=group.flow,
+        shrink=shrunk.facts(member["spec"]),
+    )
+    repro.atomic_write(
+        directory / "draft.md", draft(defect, spec, shrunk_path.with_suffix(".py").read_text(), repro.versions())
+    )
     seen_elsewhere = [key for key, sig in ((_short(s), s) for s in signatures.values()) if key != group.key]
     defect.merged = sorted(set(seen_elsewhere))
     triage.save(defect)
     progress.unlink(missing_ok=True)
-    log(f"triage {group.key}: {defect.nodes} node(s), {defect.layer}; fails this way on "
-        f"{', '.join(same_way)}")
+    log(f"triage {group.key}: {defect.nodes} node(s), {defect.layer}; fails this way on {', '.join(same_way)}")
     return defect
 
 
@@ -417,28 +500,53 @@ def _known_when_shrunk(session, spec: dict, flows: list, prop: str, oracles: lis
     return next((r.known for r in result.results if r.flow == flow and r.outcome.is_failure and r.known), "")
 
 
-def _record_as_known(triage: Triage, group: Group, member: dict, spec: dict, shrunk, known: str,
-                     log: Callable[[str], None]) -> Defect:
+def _record_as_known(
+    triage: Triage, group: Group, member: dict, spec: dict, shrunk, known: str, log: Callable[[str], None]
+) -> Defect:
     """A group whose minimal program a recorded finding explains: a hit of
     that finding, with the shrunk program kept as its evidence."""
     directory = triage.directory(group.key)
-    defect = Defect(group.key, group.signature, group.flow, group.outcome, member["property"],
-                    f"known finding {known} (explains the shrunk program)", {group.flow: group.outcome},
-                    sorted({node["op"] for _, node in specmod.all_nodes(spec)}), specmod.count_ops(spec),
-                    shrunk.one_minimal, member.get("message", ""), same_way=[group.flow], known=known)
-    repro.write(directory / "shrunk.json", spec, member["flows"], member["property"], group.outcome,
-                defect.message, script_flow=group.flow, shrink=shrunk.facts(member["spec"]))
+    defect = Defect(
+        group.key,
+        group.signature,
+        group.flow,
+        group.outcome,
+        member["property"],
+        f"known finding {known} (explains the shrunk program)",
+        {group.flow: group.outcome},
+        sorted({node["op"] for _, node in specmod.all_nodes(spec)}),
+        specmod.count_ops(spec),
+        shrunk.one_minimal,
+        member.get("message", ""),
+        same_way=[group.flow],
+        known=known,
+    )
+    repro.write(
+        directory / "shrunk.json",
+        spec,
+        member["flows"],
+        member["property"],
+        group.outcome,
+        defect.message,
+        script_flow=group.flow,
+        shrink=shrunk.facts(member["spec"]),
+    )
     triage.save(defect)
     (directory / "progress.json").unlink(missing_ok=True)
     log(f"triage {group.key}: shrunk to {defect.nodes} node(s), explained by known finding {known}")
     return defect
 
 
-def run_queue(artifacts: Path, deadline: Optional[float], flow_modules: Optional[list[str]] = None,
-              log: Callable[[str], None] = print, max_groups: Optional[int] = None, max_checks: int = 400) -> int:
+def run_queue(
+    artifacts: Path,
+    deadline: Optional[float],
+    flow_modules: Optional[list[str]] = None,
+    log: Callable[[str], None] = print,
+    max_groups: Optional[int] = None,
+    max_checks: int = 400,
+) -> int:
     """Triage queued groups until none is left, ``max_groups`` are done or the
     deadline passes; returns how many were finished."""
-    from etprop.commands.report import Summary
     from etprop.verdicts.session import Session
 
     triage = Triage(artifacts)
@@ -449,7 +557,7 @@ def run_queue(artifacts: Path, deadline: Optional[float], flow_modules: Optional
             while max_groups is None or done < max_groups:
                 if deadline is not None and time.time() > deadline:
                     break
-                queue = triage.pending(triage.groups(Summary.load(artifacts).records))
+                queue = triage.pending(triage.groups(load_records(artifacts)))
                 group = next((g for g in queue if triage.claim(g.key)), None)
                 if group is None:
                     break

@@ -148,8 +148,18 @@ def _initial(ep, target: str) -> torch.Tensor:
     return source[target].clone()
 
 
-_SCALAR_TYPES = {0: torch.uint8, 1: torch.int8, 2: torch.int16, 3: torch.int32, 4: torch.int64,
-                 5: torch.float16, 6: torch.float32, 7: torch.float64, 11: torch.bool, 15: torch.bfloat16}
+_SCALAR_TYPES = {
+    0: torch.uint8,
+    1: torch.int8,
+    2: torch.int16,
+    3: torch.int32,
+    4: torch.int64,
+    5: torch.float16,
+    6: torch.float32,
+    7: torch.float64,
+    11: torch.bool,
+    15: torch.bfloat16,
+}
 
 
 def _shipped_tensor(value, buffers, where: str) -> torch.Tensor:
@@ -186,8 +196,7 @@ class _ShippedMethod:
         plan = plans[method]
         self.method = method
         self.plan = plan
-        self.delegates = [(d.id, bytes(program.backend_delegate_data[d.processed.index].data))
-                          for d in plan.delegates]
+        self.delegates = [(d.id, bytes(program.backend_delegate_data[d.processed.index].data)) for d in plan.delegates]
         self._constants = program.constant_buffer
         self._mutable = pte_file.mutable_data
 
@@ -203,8 +212,10 @@ class _ShippedMethod:
         mutable = value.allocation_info is not None
         tensor = _shipped_tensor(value, self._mutable if mutable else self._constants, where)
         if tensor.shape != expected.shape or tensor.dtype != expected.dtype:
-            raise RuntimeError(f"{where}: the .pte holds {tuple(tensor.shape)} {tensor.dtype}, the lowered "
-                               f"program {tuple(expected.shape)} {expected.dtype}")
+            raise RuntimeError(
+                f"{where}: the .pte holds {tuple(tensor.shape)} {tensor.dtype}, the lowered "
+                f"program {tuple(expected.shape)} {expected.dtype}"
+            )
         return tensor
 
 
@@ -308,8 +319,7 @@ class CoreAIProgram:
                 raise RuntimeError("sidecar Core AI bundle: pass sidecar_dir= (the build's COREAI_SIDECAR_DIR)")
             path = self._sidecar_dir / manifest["path"]
         else:
-            raise NotImplementedError(
-                f"Core AI packaging '{packaging}' (AOT-compiled .aimodelc) does not run on Linux")
+            raise NotImplementedError(f"Core AI packaging '{packaging}' (AOT-compiled .aimodelc) does not run on Linux")
         self._bundles[model_hash] = path
         return path
 
@@ -347,24 +357,28 @@ class CoreAIProgram:
             from executorch.exir._serialize._program import deserialize_pte_binary
 
             if self._pte_file is None:
-                self._pte_file = deserialize_pte_binary(self._pte if self._pte is not None
-                                                        else self._program.buffer)
+                self._pte_file = deserialize_pte_binary(self._pte if self._pte is not None else self._program.buffer)
             shipped = _ShippedMethod(self._pte_file, method)
             calls = _delegate_calls(self._program.exported_program(method).graph_module)
             if len(calls) != len(shipped.delegates):
-                raise RuntimeError(f"method '{method}': the lowered graph calls {len(calls)} delegates, "
-                                   f"the .pte has {len(shipped.delegates)}")
+                raise RuntimeError(
+                    f"method '{method}': the lowered graph calls {len(calls)} delegates, "
+                    f"the .pte has {len(shipped.delegates)}"
+                )
             manifests = {}
             for (node, lowered), (backend_id, processed) in zip(calls, shipped.delegates):
                 if backend_id != lowered.backend_id:
-                    raise RuntimeError(f"method '{method}': delegate call {node.name} is {lowered.backend_id} "
-                                       f"in the lowered graph, {backend_id} in the .pte")
+                    raise RuntimeError(
+                        f"method '{method}': delegate call {node.name} is {lowered.backend_id} "
+                        f"in the lowered graph, {backend_id} in the .pte"
+                    )
                 if backend_id == COREAI_BACKEND_ID:
                     try:
                         manifests[node] = json.loads(processed.decode("utf-8"))
                     except ValueError as exc:
-                        raise RuntimeError(f"method '{method}': the .pte's Core AI manifest for "
-                                           f"{node.name} is not JSON ({exc})") from None
+                        raise RuntimeError(
+                            f"method '{method}': the .pte's Core AI manifest for {node.name} is not JSON ({exc})"
+                        ) from None
             self._shipped[method] = (shipped, manifests)
         return self._shipped[method]
 
@@ -401,13 +415,13 @@ class CoreAIProgram:
                 feed.append(state[key])
         if len(feed) != len(loaded.input_names):
             raise RuntimeError(f"delegate feeds {len(feed)} inputs; its bundle takes {len(loaded.input_names)}")
-        inputs = {name: NDArray(value.detach().contiguous())
-                  for name, value in zip(loaded.input_names, feed)}
+        inputs = {name: NDArray(value.detach().contiguous()) for name, value in zip(loaded.input_names, feed)}
         results = self._run_async(loaded.function(inputs))
         produced = [_to_torch(results[name]) for name in loaded.output_names]
         if len(produced) != len(signature.output_specs):
-            raise RuntimeError(f"bundle returns {len(produced)} outputs; the delegate program has "
-                               f"{len(signature.output_specs)}")
+            raise RuntimeError(
+                f"bundle returns {len(produced)} outputs; the delegate program has {len(signature.output_specs)}"
+            )
         user = []
         for spec, value in zip(signature.output_specs, produced):
             if spec.kind == OutputKind.BUFFER_MUTATION:
@@ -443,8 +457,10 @@ class CoreAIProgram:
             # to_executorch writes buffer mutations back inside the graph
             # (copy_) and returns only user outputs, yet keeps the mutation
             # specs; anything else is a graph this interpreter does not know.
-            raise RuntimeError(f"method '{method}' returns {len(outputs)} values; its signature has "
-                               f"{len(user_specs)} outputs of which {sum(user_specs)} are user outputs")
+            raise RuntimeError(
+                f"method '{method}' returns {len(outputs)} values; its signature has "
+                f"{len(user_specs)} outputs of which {sum(user_specs)} are user outputs"
+            )
         # Copies, as the ExecuTorch runtime hands back: an output may be an
         # input passed straight through.
         return [value.clone() if isinstance(value, torch.Tensor) else value for value in outputs]

@@ -122,8 +122,9 @@ class Worker:
             self.close()
             raise WorkerStartFailed(
                 f"etprop's worker process ended before it was ready ({_describe_exit(code)}); when etprop is "
-                "called from a script, put the calls under `if __name__ == \"__main__\":` (the worker's "
-                "forkserver imports the main module again), or set ETPROP_ISOLATION=0")
+                'called from a script, put the calls under `if __name__ == "__main__":` (the worker\'s '
+                "forkserver imports the main module again), or set ETPROP_ISOLATION=0"
+            )
 
     def close(self) -> None:
         if self._process is not None:

@@ -39,15 +39,16 @@ def snapshot(graph_module, tags: dict) -> list[dict]:
     partition time, when the tags are still on the nodes."""
     records = []
     for path, gm in graph_modules(graph_module):
-        tag_of = {n: n.meta["delegation_tag"] for n in gm.graph.nodes
-                  if n.meta.get("delegation_tag") in tags}
+        tag_of = {n: n.meta["delegation_tag"] for n in gm.graph.nodes if n.meta.get("delegation_tag") in tags}
         groups = defaultdict(list)
         for node, tag in tag_of.items():
             groups[tag].append(node)
-        records.append({
-            "graph": path,
-            "partitions": {tag: [n.name for n in nodes] for tag, nodes in groups.items()},
-            "not_convex": sorted(tag for tag, nodes in groups.items() if not validate_partition(nodes)),
-            "cycle": contracted_cycle(gm.graph, tag_of),
-        })
+        records.append(
+            {
+                "graph": path,
+                "partitions": {tag: [n.name for n in nodes] for tag, nodes in groups.items()},
+                "not_convex": sorted(tag for tag, nodes in groups.items() if not validate_partition(nodes)),
+                "cycle": contracted_cycle(gm.graph, tag_of),
+            }
+        )
     return records

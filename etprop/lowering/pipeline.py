@@ -15,10 +15,10 @@ from typing import Any, Optional
 
 import torch
 
+from etprop.flows.base import Flow
 from etprop.lowering import stages
 from etprop.program.builder import BuiltProgram
 from etprop.program.spec import all_nodes
-from etprop.flows.base import Flow
 from etprop.verdicts.outcomes import Outcome
 
 
@@ -27,10 +27,10 @@ class Lowering:
     flow: Flow
     built: BuiltProgram
     exported: dict[str, Any]
-    edge: Any = None            # EdgeProgramManager (after partitioning)
-    executorch: Any = None      # ExecutorchProgramManager
+    edge: Any = None  # EdgeProgramManager (after partitioning)
+    executorch: Any = None  # ExecutorchProgramManager
     pte: Optional[bytes] = None
-    outcome: Optional[Outcome] = None   # set when a stage failed
+    outcome: Optional[Outcome] = None  # set when a stage failed
     error: str = ""
     # Partitioner results recorded at partition time (see oracles/cycles.py).
     partitions: list = field(default_factory=list)
@@ -53,16 +53,18 @@ def export_program(built: BuiltProgram) -> dict[str, Any]:
     for method in built.methods:
         try:
             exported[method] = torch.export.export(
-                built.method_module(method), built.inputs(method),
-                dynamic_shapes=built.dynamic_shapes(method), strict=False)
+                built.method_module(method),
+                built.inputs(method),
+                dynamic_shapes=built.dynamic_shapes(method),
+                strict=False,
+            )
         except Exception as exc:
             raise ExportFailed(f"torch.export rejected method '{method}': {type(exc).__name__}: {exc}") from exc
     return exported
 
 
 def _mutable_buffer_names(built: BuiltProgram) -> list[str]:
-    return [name for name, entry in built.spec["state"].items()
-            if entry["kind"] == "buffer" and entry.get("mutable")]
+    return [name for name, entry in built.spec["state"].items() if entry["kind"] == "buffer" and entry.get("mutable")]
 
 
 def backend_config(flow: Flow, built: BuiltProgram):
@@ -93,9 +95,12 @@ def _is_emitter_while_loop_limitation(exc: BaseException, stage: str, built: Bui
         from executorch.exir.error import InternalError
     except ImportError:
         return False
-    return (stage == "to_executorch" and isinstance(exc, InternalError)
-            and _raised_in(exc, "exir/emit/_emitter.py", "_emit_control_flow")
-            and any(node["op"] == "while_loop" for _, node in all_nodes(built.spec)))
+    return (
+        stage == "to_executorch"
+        and isinstance(exc, InternalError)
+        and _raised_in(exc, "exir/emit/_emitter.py", "_emit_control_flow")
+        and any(node["op"] == "while_loop" for _, node in all_nodes(built.spec))
+    )
 
 
 def _classify_lowering_error(exc: BaseException, stage: str, lowering: "Lowering") -> Outcome:
@@ -154,15 +159,17 @@ def lower(built: BuiltProgram, flow: Flow, exported: Optional[dict] = None) -> L
             stages.enter("serialization", flow.name)
             t2 = time.perf_counter()
             lowering.pte = lowering.executorch.buffer
-            lowering.seconds.update(lower=t1 - t0, to_executorch=t2 - t1,
-                                    serialize=time.perf_counter() - t2)
+            lowering.seconds.update(lower=t1 - t0, to_executorch=t2 - t1, serialize=time.perf_counter() - t2)
         except Exception as exc:
             lowering.outcome = _classify_lowering_error(exc, stage, lowering)
             if stage == "to_executorch":
                 lowering.error = "to_executorch: "
             first, _, rest = str(exc).partition("\n")
-            lowering.error += f"{type(exc).__name__}: {first}{_cause(exc)}" + (f"\n{rest}" if rest else "") \
+            lowering.error += (
+                f"{type(exc).__name__}: {first}{_cause(exc)}"
+                + (f"\n{rest}" if rest else "")
                 + f"\n{_short_traceback(exc)}"
+            )
     return lowering
 
 

@@ -92,8 +92,9 @@ def new_coverage(data_file: Optional[str], paths: Optional[dict[str, Path]] = No
     (the project's own configuration must not change what is measured)."""
     import coverage
 
-    return coverage.Coverage(data_file=data_file, branch=True, config_file=False,
-                             source_dirs=source_dirs(paths), omit=OMIT, messages=False)
+    return coverage.Coverage(
+        data_file=data_file, branch=True, config_file=False, source_dirs=source_dirs(paths), omit=OMIT, messages=False
+    )
 
 
 class Meter:
@@ -203,8 +204,12 @@ class ComponentReach:
 
 
 def data_files(directories: list[Path]) -> list[Path]:
-    return sorted(p for d in directories for p in Path(d).glob(f"{DATA_PREFIX}.*") if p.is_file()
-                  and not p.name.endswith(("-journal", "-wal", "-shm")))
+    return sorted(
+        p
+        for d in directories
+        for p in Path(d).glob(f"{DATA_PREFIX}.*")
+        if p.is_file() and not p.name.endswith(("-journal", "-wal", "-shm"))
+    )
 
 
 def reached_in(files: list[Path]) -> dict[str, set]:
@@ -243,14 +248,19 @@ class Reach:
     reached per file, and the functions with the most unreached branches."""
 
     components: dict[str, ComponentReach]
-    reached: dict[str, set]          # file -> branch arcs reached
-    possible: dict[str, set]         # file -> every branch arc
-    functions: dict[str, list]       # component -> [(unreached branches, "module.function"), ...]
+    reached: dict[str, set]  # file -> branch arcs reached
+    possible: dict[str, set]  # file -> every branch arc
+    functions: dict[str, list]  # component -> [(unreached branches, "module.function"), ...]
+    owners: dict[str, dict] = field(default_factory=dict)  # file -> {branch arc: "module.function"}
 
     def to_json(self) -> dict:
-        return {"components": {name: c.as_dict() for name, c in self.components.items()},
-                "unreached_functions": {name: [{"function": f, "unreached_branches": n} for n, f in rows]
-                                        for name, rows in self.functions.items()}}
+        return {
+            "components": {name: c.as_dict() for name, c in self.components.items()},
+            "unreached_functions": {
+                name: [{"function": f, "unreached_branches": n} for n, f in rows]
+                for name, rows in self.functions.items()
+            },
+        }
 
 
 def read(data_file: Path, functions_shown: int = 8) -> Reach:
@@ -271,6 +281,7 @@ def read(data_file: Path, functions_shown: int = 8) -> Reach:
     reached: dict[str, set] = {}
     possible: dict[str, set] = {}
     functions: dict[str, list] = {name: [] for name in paths}
+    owners: dict[str, dict] = {}
     for path, entry in files.items():
         absolute = str(Path(path).resolve())
         component = component_of(absolute, paths)
@@ -287,12 +298,16 @@ def read(data_file: Path, functions_shown: int = 8) -> Reach:
         possible[absolute] = taken | {tuple(arc) for arc in entry.get("missing_branches", [])}
         module = _module_name(absolute, component, paths)
         for function, detail in entry.get("functions", {}).items():
+            if not function:
+                continue
             missing = detail.get("summary", {}).get("missing_branches", 0)
-            if function and missing:
+            if missing:
                 functions[component].append((missing, f"{module}.{function}"))
+            for arc in detail.get("executed_branches", []) + detail.get("missing_branches", []):
+                owners.setdefault(absolute, {})[tuple(arc)] = f"{module}.{function}"
     for name in functions:
         functions[name] = sorted(functions[name], key=lambda row: (-row[0], row[1]))[:functions_shown]
-    return Reach(components, reached, possible, functions)
+    return Reach(components, reached, possible, functions, owners)
 
 
 def _module_name(path: str, component: str, paths: dict[str, Path]) -> str:

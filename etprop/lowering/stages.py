@@ -1,5 +1,5 @@
 """Stage reporting: risky steps announce themselves before they run, so a
-worker that dies can be said to have died *there* (see etprop/isolation.py).
+worker that dies can be said to have died *there* (see etprop/lowering/isolation.py).
 In-process runs report to nobody."""
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ def timed(kind: str):
         yield
     finally:
         SPENT[kind] += time.perf_counter() - started
+
 
 _reporter: Optional[Callable[[dict], None]] = None
 

@@ -17,8 +17,8 @@ from typing import Optional
 
 import torch
 
-from etprop.program import vocabulary
 from etprop.program import spec as specmod
+from etprop.program import vocabulary
 
 # Helpers every generated program may use. They are part of the generated
 # source so that a repro script needs nothing but torch.
@@ -600,11 +600,12 @@ def normalized_with_moved_statistics(value, groups, normalized_dims, weight, bia
     # near-zero result by 6e-5; a one-pass variance (E[x^2] - E[x]^2) of 42
     # values near 0.69 moved GroupNorm's output by 1 % where var << eps.
     count = grouped.numel() / max(mean.numel(), 1)
-    mean = mean + (signs(mean.shape) * torch.finfo(value.dtype).eps * count ** 0.5
-                   * grouped.abs().mean(dims, keepdim=True))
+    mean = mean + (
+        signs(mean.shape) * torch.finfo(value.dtype).eps * count**0.5 * grouped.abs().mean(dims, keepdim=True)
+    )
     square = (grouped * grouped).mean(dims, keepdim=True)
     var = grouped.var(dims, correction=0, keepdim=True)
-    var = (var + signs(var.shape) * torch.finfo(value.dtype).eps * count ** 0.5 * square).clamp_min(0)
+    var = (var + signs(var.shape) * torch.finfo(value.dtype).eps * count**0.5 * square).clamp_min(0)
     result = ((grouped - mean) / torch.sqrt(var + eps)).reshape(wide.shape)
     if weight is not None:
         shape = (1, -1) + (1,) * (wide.dim() - 2) if groups is not None else weight.shape
@@ -636,13 +637,15 @@ def _state_lines(name: str, entry: dict, program_dtype: str = "float32") -> list
         if dtype != "float32":
             lines.append(f"self.{name}.to({_dtype_expr(dtype)})")
     elif kind == "weight":
-        lines.append(f"self.{name} = _Weight({tuple(entry['shape'])!r}, {entry['seed']!r}, "
-                     f"{entry.get('scale', 1.0)!r})")
+        lines.append(
+            f"self.{name} = _Weight({tuple(entry['shape'])!r}, {entry['seed']!r}, {entry.get('scale', 1.0)!r})"
+        )
         if dtype != "float32":
             lines.append(f"self.{name}.to({_dtype_expr(dtype)})")
     else:
         value = f"_randn({tuple(entry['shape'])!r}, {entry['seed']!r}, {entry.get('scale', 1.0)!r}" + (
-            f", min_abs={entry['min_abs']!r})" if entry.get("min_abs") else ")")
+            f", min_abs={entry['min_abs']!r})" if entry.get("min_abs") else ")"
+        )
         if dtype != "float32":
             value += f".to({_dtype_expr(dtype)})"
         if kind == "parameter":
@@ -677,8 +680,23 @@ def _body_lines(nodes: list[dict], indent: str, jitter: bool = False) -> list[st
 
 
 # Ops that sum terms: their rounding error scales with the sum of |terms|.
-_SUMS = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d", "addmm", "mm", "bmm", "matmul",
-         "sum", "mean", "avg_pool1d", "avg_pool2d", "adaptive_avg_pool2d", "interpolate")
+_SUMS = (
+    "linear",
+    "conv1d",
+    "conv2d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+    "addmm",
+    "mm",
+    "bmm",
+    "matmul",
+    "sum",
+    "mean",
+    "avg_pool1d",
+    "avg_pool2d",
+    "adaptive_avg_pool2d",
+    "interpolate",
+)
 
 
 # Ops whose textbook formula cancels terms, as a backend may compute them:
@@ -698,9 +716,33 @@ _TERMS = {
 
 # Ops that never round: their result is exact given their inputs, so only
 # their inputs' jitter moves it.
-_EXACT = ("relu", "abs", "neg", "clamp", "hardtanh", "floor", "ceil", "round", "via_int64", "maximum", "minimum",
-          "amax", "amin", "max_pool1d", "max_pool2d", "reshape", "permute", "transpose", "flatten", "unsqueeze",
-          "squeeze", "slice", "cat", "pixel_shuffle", "pixel_unshuffle")
+_EXACT = (
+    "relu",
+    "abs",
+    "neg",
+    "clamp",
+    "hardtanh",
+    "floor",
+    "ceil",
+    "round",
+    "via_int64",
+    "maximum",
+    "minimum",
+    "amax",
+    "amin",
+    "max_pool1d",
+    "max_pool2d",
+    "reshape",
+    "permute",
+    "transpose",
+    "flatten",
+    "unsqueeze",
+    "squeeze",
+    "slice",
+    "cat",
+    "pixel_shuffle",
+    "pixel_unshuffle",
+)
 
 
 def _jittered_expression(node: dict, expression: str) -> str:
@@ -712,8 +754,11 @@ def _jittered_expression(node: dict, expression: str) -> str:
         unfitted = {**node, "attrs": {k: v for k, v in attrs.items() if k != "fit_shape"}}
         inner = _jittered_expression(unfitted, vocabulary.render(unfitted, args))
         return f"_fit_shape({inner}, {tuple(attrs['fit_shape'])!r})"
-    if (op in _EXACT or (op == "buffer_update" and attrs.get("how") == "copy")
-            or (op == "interpolate" and attrs.get("mode", "nearest") == "nearest")):
+    if (
+        op in _EXACT
+        or (op == "buffer_update" and attrs.get("how") == "copy")
+        or (op == "interpolate" and attrs.get("mode", "nearest") == "nearest")
+    ):
         return expression
     if op == "buffer_update" and attrs.get("in_place", True):
         # The buffer keeps the jittered value: a sequence of calls carries it.
@@ -722,19 +767,27 @@ def _jittered_expression(node: dict, expression: str) -> str:
         return f"_jitter({expression}, {op!r}, lambda: {_TERMS[op](args, node.get('attrs', {}))})"
     if op == "layer":
         state = node["state"]
-        return (f"_jitter(_layer(self.{state}, {args[0]}), 'layer', "
-                f"lambda: _magnitude(self.{state}, {args[0]}))")
+        return f"_jitter(_layer(self.{state}, {args[0]}), 'layer', lambda: _magnitude(self.{state}, {args[0]}))"
     if op in _SUMS or op in ("add", "sub"):
         absolute = vocabulary.render(node, [f"{a}.abs()" for a in args]).replace("torch.sub(", "torch.add(")
         for name in specmod.state_refs(node):
             absolute = absolute.replace(f"self.{name}.weight", f"self.{name}.weight.abs()")
-            absolute = absolute.replace(f"self.{name},", f"self.{name}.abs(),").replace(f"self.{name})", f"self.{name}.abs())")
+            absolute = absolute.replace(f"self.{name},", f"self.{name}.abs(),").replace(
+                f"self.{name})", f"self.{name}.abs())"
+            )
         return f"_jitter({expression}, {op!r}, lambda: {absolute})"
     return f"_jitter({expression}, {op!r})"
 
 
-def _function_lines(fn_name: str, params: list[str], body: dict, indent: str,
-                    returns: Optional[str] = None, jitter: bool = False, copy_inputs: bool = False) -> list[str]:
+def _function_lines(
+    fn_name: str,
+    params: list[str],
+    body: dict,
+    indent: str,
+    returns: Optional[str] = None,
+    jitter: bool = False,
+    copy_inputs: bool = False,
+) -> list[str]:
     """A body function; ``copy_inputs`` starts it from copies of its inputs
     (the same values, none of them a view of what the loop passes in: a
     neutralization, see neutralize.py)."""
@@ -758,41 +811,59 @@ def _control_flow_lines(node: dict, indent: str, jitter: bool = False) -> list[s
         threshold = attrs.get("threshold", 0.0)
         # ``predicate_keepdim``: the mean kept as a one-element tensor of the
         # operand's rank, never a 0-dim one (a neutralization).
-        mean = (f"{args[0]}.mean(tuple(range({args[0]}.dim())), keepdim=True)" if attrs.get("predicate_keepdim")
-                else f"{args[0]}.mean()")
+        mean = (
+            f"{args[0]}.mean(tuple(range({args[0]}.dim())), keepdim=True)"
+            if attrs.get("predicate_keepdim")
+            else f"{args[0]}.mean()"
+        )
         pred = f"{args[0]}, {threshold!r}" if jitter else f"{mean} > {threshold!r}"
         operands = ", ".join(args[1:]) + ","
         if jitter:
             lines.append(f"{indent}{nid} = _eager_cond({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
         elif inline:
             pred = f"({pred}).reshape(())" if attrs.get("predicate_keepdim") else pred
-            lines.append(f"{indent}{nid} = torch.where({pred}, _{nid}_branch0({operands})[0], "
-                         f"_{nid}_branch1({operands})[0])")
+            lines.append(
+                f"{indent}{nid} = torch.where({pred}, _{nid}_branch0({operands})[0], _{nid}_branch1({operands})[0])"
+            )
         else:
             lines.append(f"{indent}{nid} = torch.cond({pred}, _{nid}_branch0, _{nid}_branch1, ({operands}))[0]")
     elif op == "map":
-        lines += _function_lines(f"_{nid}_body", bodies[0]["params"], bodies[0], indent, jitter=jitter,
-                                 copy_inputs=attrs.get("copy_inputs", False))
+        lines += _function_lines(
+            f"_{nid}_body",
+            bodies[0]["params"],
+            bodies[0],
+            indent,
+            jitter=jitter,
+            copy_inputs=attrs.get("copy_inputs", False),
+        )
         if inline:
             rest = "".join(f", {a}" for a in args[1:])
-            lines.append(f"{indent}{nid} = torch.stack([_{nid}_body(_{nid}_x{rest})[0] "
-                         f"for _{nid}_x in {args[0]}.unbind(0)])")
+            lines.append(
+                f"{indent}{nid} = torch.stack([_{nid}_body(_{nid}_x{rest})[0] for _{nid}_x in {args[0]}.unbind(0)])"
+            )
         else:
             lines.append(f"{indent}{nid} = hop_map(_{nid}_body, {', '.join(args)})[0]")
     elif op == "scan":
         body = bodies[0]
-        lines += _function_lines(f"_{nid}_combine", body["params"], body, indent,
-                                 returns=f"{body['outputs'][0]}, {body['outputs'][-1]}.clone()", jitter=jitter,
-                                 copy_inputs=attrs.get("copy_inputs", False))
+        lines += _function_lines(
+            f"_{nid}_combine",
+            body["params"],
+            body,
+            indent,
+            returns=f"{body['outputs'][0]}, {body['outputs'][-1]}.clone()",
+            jitter=jitter,
+            copy_inputs=attrs.get("copy_inputs", False),
+        )
         if inline:
-            lines += [f"{indent}_{nid}_carry, _{nid}_ys = {args[0]}, []",
-                      f"{indent}for _{nid}_x in {args[1]}.unbind(0):",
-                      f"{indent}    _{nid}_carry, _{nid}_y = _{nid}_combine(_{nid}_carry, _{nid}_x)",
-                      f"{indent}    _{nid}_ys.append(_{nid}_y)",
-                      f"{indent}{nid} = (_{nid}_carry, torch.stack(_{nid}_ys))[{attrs.get('select', 1)!r}]"]
+            lines += [
+                f"{indent}_{nid}_carry, _{nid}_ys = {args[0]}, []",
+                f"{indent}for _{nid}_x in {args[1]}.unbind(0):",
+                f"{indent}    _{nid}_carry, _{nid}_y = _{nid}_combine(_{nid}_carry, _{nid}_x)",
+                f"{indent}    _{nid}_ys.append(_{nid}_y)",
+                f"{indent}{nid} = (_{nid}_carry, torch.stack(_{nid}_ys))[{attrs.get('select', 1)!r}]",
+            ]
         else:
-            lines.append(f"{indent}{nid} = hop_scan(_{nid}_combine, {args[0]}, "
-                         f"{args[1]})[{attrs.get('select', 1)!r}]")
+            lines.append(f"{indent}{nid} = hop_scan(_{nid}_combine, {args[0]}, {args[1]})[{attrs.get('select', 1)!r}]")
     elif op == "while_loop":
         body = bodies[0]
         (param,) = body["params"]
@@ -803,10 +874,12 @@ def _control_flow_lines(node: dict, indent: str, jitter: bool = False) -> list[s
         lines.append(f"{indent}    return (step + 1, {body['outputs'][0]}.clone())")
         start = f"(torch.zeros((), dtype=torch.int64), {args[0]})"
         if inline:
-            lines += [f"{indent}_{nid}_state = {start}",
-                      f"{indent}for _ in range({attrs['iterations']!r}):",
-                      f"{indent}    _{nid}_state = _{nid}_body(*_{nid}_state)",
-                      f"{indent}{nid} = _{nid}_state[1]"]
+            lines += [
+                f"{indent}_{nid}_state = {start}",
+                f"{indent}for _ in range({attrs['iterations']!r}):",
+                f"{indent}    _{nid}_state = _{nid}_body(*_{nid}_state)",
+                f"{indent}{nid} = _{nid}_state[1]",
+            ]
         else:
             lines.append(f"{indent}{nid} = hop_while_loop(_{nid}_cond, _{nid}_body, {start})[1]")
     return lines
@@ -822,8 +895,13 @@ def render_source(spec: dict, jitter: bool = False) -> str:
     from etprop.program.quantize import QUANTIZE_SOURCE
 
     prelude = PRELUDE + (QUANTIZE_SOURCE if spec.get("quantization") and not jitter else "")
-    lines = [prelude + (JITTER_PRELUDE if jitter else ""), "", "class Program(nn.Module):",
-             "    def __init__(self):", "        super().__init__()"]
+    lines = [
+        prelude + (JITTER_PRELUDE if jitter else ""),
+        "",
+        "class Program(nn.Module):",
+        "    def __init__(self):",
+        "        super().__init__()",
+    ]
     program_dtype = spec.get("dtype", "float32")
     for name, entry in spec["state"].items():
         lines += ["        " + line for line in _state_lines(name, entry, program_dtype)]
@@ -880,8 +958,10 @@ class BuiltProgram:
         """Inputs of ``kind``; ``extent`` "min"/"max" puts every dynamic dim
         at its bound instead of the spec's example size."""
         make = self.namespace["make_input"]
-        return tuple(make(self._shape(inp, extent), inp.get("dtype", "float32"), kind, seed * 7919 + index)
-                     for index, inp in enumerate(self.spec["methods"][method]["inputs"]))
+        return tuple(
+            make(self._shape(inp, extent), inp.get("dtype", "float32"), kind, seed * 7919 + index)
+            for index, inp in enumerate(self.spec["methods"][method]["inputs"])
+        )
 
     @staticmethod
     def _shape(inp: dict, extent: str) -> tuple:
@@ -948,8 +1028,16 @@ class BuiltProgram:
             exec(compile(render_source(self.spec, jitter=True), "<etprop jittered program>", "exec"), namespace)
             self._jittered = (namespace["Program"]().eval(), namespace["_jittered_runs"], namespace["DIRECTIONAL_RUNS"])
         module, runs, directional = self._jittered
-        jittered, self._jittered_states = runs(module, state, method, inputs, ulps, self.constants(),
-                                               None if restore else self._jittered_states, sequence=not restore)
+        jittered, self._jittered_states = runs(
+            module,
+            state,
+            method,
+            inputs,
+            ulps,
+            self.constants(),
+            None if restore else self._jittered_states,
+            sequence=not restore,
+        )
         return Reference(expected, self._wide(method, inputs, restore), jittered, directional)
 
     def constants(self) -> dict:
@@ -1048,15 +1136,19 @@ def check_shapes(spec: dict) -> None:
         with torch.device("meta"), torch.no_grad():
             module = namespace["Program"]().eval()
             for method, body in spec["methods"].items():
-                inputs = [torch.empty(inp["shape"], dtype=dtypes[inp.get("dtype", "float32")])
-                          for inp in body["inputs"]]
+                inputs = [
+                    torch.empty(inp["shape"], dtype=dtypes[inp.get("dtype", "float32")]) for inp in body["inputs"]
+                ]
                 getattr(module, method)(*inputs)
     except (NotImplementedError, GuardOnDataDependentSymNode):
         return
     except Exception as exc:  # the program's own error: a shape, dtype or argument that does not fit
         text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        if (isinstance(exc, AssertionError) or any(marker in str(exc) for marker in _UNDECIDABLE)
-                or type(exc).__module__.startswith(("torch._dynamo", "torch._higher_order_ops"))):
+        if (
+            isinstance(exc, AssertionError)
+            or any(marker in str(exc) for marker in _UNDECIDABLE)
+            or type(exc).__module__.startswith(("torch._dynamo", "torch._higher_order_ops"))
+        ):
             return
         where = "the program"
         frame = exc.__traceback__
@@ -1065,8 +1157,9 @@ def check_shapes(spec: dict) -> None:
                 line = lines[frame.tb_lineno - 1].strip()
                 where = f"'{line.split(' = ')[0]}' ({line[:80]})" if " = " in line else f"'{line[:80]}'"
             frame = frame.tb_next
-        raise specmod.SpecError(f"the program does not fit together at {where}: "
-                                f"{type(exc).__name__}: {text[:200]}") from None
+        raise specmod.SpecError(
+            f"the program does not fit together at {where}: {type(exc).__name__}: {text[:200]}"
+        ) from None
 
 
 def computes(spec: dict, float_only: bool = False) -> bool:

@@ -74,8 +74,11 @@ _FORM_MUTANTS: list[Mutant] = []
 def _mutant_forms(spec: dict, dtype: str) -> set[Key]:
     if not _FORM_MUTANTS:
         _FORM_MUTANTS.extend(m for m in catalogue() if m.kind in FORM_KINDS)
-    return {(mutant.op, mutant.kind, "form", dtype) for mutant in _FORM_MUTANTS
-            if mutant.applies_to(spec) and next(mutant.variants(spec), None) is not None}
+    return {
+        (mutant.op, mutant.kind, "form", dtype)
+        for mutant in _FORM_MUTANTS
+        if mutant.applies_to(spec) and next(mutant.variants(spec), None) is not None
+    }
 
 
 def keys(spec: dict) -> set[Key]:
@@ -100,8 +103,9 @@ def keys(spec: dict) -> set[Key]:
                     found.add((op, name, value_class(value), dtype))
     found |= _mutant_forms(spec, dtype)
     if len(spec["methods"]) > 1:
-        used = [{node.get("state") for _, node in _walk(body["nodes"], "")} - {None}
-                for body in spec["methods"].values()]
+        used = [
+            {node.get("state") for _, node in _walk(body["nodes"], "")} - {None} for body in spec["methods"].values()
+        ]
         shared = any(used[i] & used[j] for i in range(len(used)) for j in range(i + 1, len(used)))
         found.add(("methods", str(len(spec["methods"])), "shared state" if shared else "separate state", dtype))
     return found
@@ -193,6 +197,7 @@ def pack(specs: list[dict]) -> dict:
         state.update({prefix + name: entry for name, entry in spec["state"].items()})
     packed.update(methods={method: body}, state=state)
     if first.get("quantization"):
-        packed["quantization"] = dict(first["quantization"],
-                                      calibration=max(spec["quantization"]["calibration"] for spec in specs))
+        packed["quantization"] = dict(
+            first["quantization"], calibration=max(spec["quantization"]["calibration"] for spec in specs)
+        )
     return packed

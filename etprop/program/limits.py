@@ -54,8 +54,10 @@ def current() -> dict[str, int]:
 
 def _over(what: str, amount: float, name: str, limits: dict) -> None:
     if amount > limits[name]:
-        raise LimitExceeded(f"{what}: {amount:,.0f} is over the limit of {limits[name]:,} ({name}); "
-                            f"raise it with --limit {name}=N if you mean it")
+        raise LimitExceeded(
+            f"{what}: {amount:,.0f} is over the limit of {limits[name]:,} ({name}); "
+            f"raise it with --limit {name}=N if you mean it"
+        )
 
 
 def _numel(shape) -> int:
@@ -94,8 +96,7 @@ def _nodes(nodes: list[dict], depth: int, limits: dict, where: str) -> Iterator[
         yield node
         bodies = node.get("bodies") or []
         if bodies and depth + 1 > limits["depth"]:
-            _over(f"{where}: control flow nested {depth + 1} deep at node {node.get('id')}", depth + 1,
-                  "depth", limits)
+            _over(f"{where}: control flow nested {depth + 1} deep at node {node.get('id')}", depth + 1, "depth", limits)
         for body in bodies:
             yield from _nodes(body.get("nodes", []), depth + 1, limits, where)
 
@@ -128,10 +129,14 @@ def check(spec: dict, limits: dict | None = None) -> None:
             attrs = node.get("attrs", {})
             for key in ("output_size", "shape", "size"):
                 if isinstance(attrs.get(key), list):
-                    _over(f"method '{method}' node {node['id']} {key}", _numel(
-                        [abs(v) for v in _int_list(attrs[key], 1)]), "tensor_elements", limits)
+                    _over(
+                        f"method '{method}' node {node['id']} {key}",
+                        _numel([abs(v) for v in _int_list(attrs[key], 1)]),
+                        "tensor_elements",
+                        limits,
+                    )
             factor = attrs.get("scale_factor")
-            for value in (factor if isinstance(factor, list) else [factor]):
+            for value in factor if isinstance(factor, list) else [factor]:
                 if isinstance(value, (int, float)) and not isinstance(value, bool):
                     _over(f"method '{method}' node {node['id']} scale_factor", value, "scale_factor", limits)
     _over("nodes", total, "nodes", limits)

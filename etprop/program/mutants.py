@@ -35,11 +35,17 @@ SPEC_MUTANTS = ("drop_bias", "switch_approximation", "reduce_other_axis", "reset
 
 # Op arguments whose default changes the value but not the shape, with that default.
 ARGUMENT_DEFAULTS = {
-    "add": {"alpha": 1}, "sub": {"alpha": 1}, "addmm": {"alpha": 1, "beta": 1},
-    "leaky_relu": {"negative_slope": 0.01}, "elu": {"alpha": 1.0},
-    "softplus": {"beta": 1.0, "threshold": 20.0}, "hardtanh": {"min_val": -1.0, "max_val": 1.0},
-    "var": {"correction": 1}, "gelu": {"approximate": "none"},
-    "avg_pool1d": {"count_include_pad": True}, "avg_pool2d": {"count_include_pad": True, "divisor_override": None},
+    "add": {"alpha": 1},
+    "sub": {"alpha": 1},
+    "addmm": {"alpha": 1, "beta": 1},
+    "leaky_relu": {"negative_slope": 0.01},
+    "elu": {"alpha": 1.0},
+    "softplus": {"beta": 1.0, "threshold": 20.0},
+    "hardtanh": {"min_val": -1.0, "max_val": 1.0},
+    "var": {"correction": 1},
+    "gelu": {"approximate": "none"},
+    "avg_pool1d": {"count_include_pad": True},
+    "avg_pool2d": {"count_include_pad": True, "divisor_override": None},
     "div": {"rounding_mode": None},
 }
 REDUCTIONS = ("sum", "mean", "amax", "amin", "var", "softmax", "log_softmax")
@@ -90,15 +96,19 @@ def _drop_bias(spec: dict) -> list:
     options = []
     for name, entry in spec["state"].items():
         if entry["kind"] == "layer" and entry["type"] in BIAS_LAYERS and entry["kwargs"].get("bias", True):
+
             def edit(s, name=name):
                 target = s["state"][name]
                 target["kwargs"]["bias"] = False
                 target["parametrizations"] = [p for p in target.get("parametrizations", []) if p.get("on") != "bias"]
+
             options.append((edit, f"layer {name} without its bias"))
     for method, node in all_nodes(spec):
         if node["op"] in BIAS_OPS and node.get("attrs", {}).get("bias_state"):
+
             def edit(s, method=method, nid=node["id"]):
                 del _node(s, method, nid)["attrs"]["bias_state"]
+
             options.append((edit, f"{node['op']} {node['id']} without its bias"))
     return options
 
@@ -112,6 +122,7 @@ def _switch_approximation(spec: dict) -> list:
 
             def edit(s, method=method, nid=node["id"], other=other):
                 _node(s, method, nid).setdefault("attrs", {})["approximate"] = other
+
             options.append((edit, f"gelu {node['id']} approximate={other!r}"))
     return options
 
@@ -122,8 +133,10 @@ def _reduce_other_axis(spec: dict) -> list:
         dim = node.get("attrs", {}).get("dim")
         if node["op"] in REDUCTIONS and isinstance(dim, int):
             for other in (d for d in range(-4, 4) if d != dim):
+
                 def edit(s, method=method, nid=node["id"], other=other):
                     _node(s, method, nid)["attrs"]["dim"] = other
+
                 options.append((edit, f"{node['op']} {node['id']} over dim {other} (not {dim})"))
     return options
 
@@ -134,8 +147,10 @@ def _reset_argument(spec: dict) -> list:
         attrs = node.get("attrs", {})
         for name, default in ARGUMENT_DEFAULTS.get(node["op"], {}).items():
             if name in attrs and attrs[name] != default:
+
                 def edit(s, method=method, nid=node["id"], name=name):
                     del _node(s, method, nid)["attrs"][name]
+
                 options.append((edit, f"{node['op']} {node['id']} with {name} back to its default"))
     return options
 

@@ -142,7 +142,9 @@ def _set_attrs(spec: dict, rule: dict) -> int:
         attrs = node.get("attrs", {})
         if rule.get("bias_computed") and not spec["state"].get(attrs.get("bias_state"), {}).get("parametrizations"):
             continue
-        if not _has(attrs, rule.get("where", {})) or not all(_nonzero(attrs.get(name)) for name in rule.get("having", ())):
+        if not _has(attrs, rule.get("where", {})) or not all(
+            _nonzero(attrs.get(name)) for name in rule.get("having", ())
+        ):
             continue
         if any(attrs.get(name) != value for name, value in rule["attrs"].items()):
             node.setdefault("attrs", attrs).update(rule["attrs"])
@@ -192,9 +194,15 @@ def parametrized_rank(entry: dict, parametrization: dict) -> int:
 def _drop_parametrization(spec: dict, rule: dict) -> int:
     changed = 0
     for entry in spec["state"].values():
-        kept = [p for p in entry.get("parametrizations", [])
-                if not (p["type"] == rule["type"] and _has(p, rule.get("where", {}))
-                        and ("rank" not in rule or parametrized_rank(entry, p) == rule["rank"]))]
+        kept = [
+            p
+            for p in entry.get("parametrizations", [])
+            if not (
+                p["type"] == rule["type"]
+                and _has(p, rule.get("where", {}))
+                and ("rank" not in rule or parametrized_rank(entry, p) == rule["rank"])
+            )
+        ]
         if len(kept) != len(entry.get("parametrizations", [])):
             entry["parametrizations"] = kept
             changed += 1
@@ -216,9 +224,11 @@ def _set_parametrization_attrs(spec: dict, rule: dict) -> int:
 def _static_inputs(spec: dict, rule: dict) -> int:
     changed = 0
     for body in spec["methods"].values():
-        holds = any(node["op"] in rule["ops"] and ("types" not in rule or
-                                                   spec["state"].get(node.get("state"), {}).get("type") in rule["types"])
-                    for node in iter_nodes(body["nodes"]))
+        holds = any(
+            node["op"] in rule["ops"]
+            and ("types" not in rule or spec["state"].get(node.get("state"), {}).get("type") in rule["types"])
+            for node in iter_nodes(body["nodes"])
+        )
         dynamic = [entry for entry in body["inputs"] if entry.get("dynamic")]
         if holds and dynamic:
             for entry in dynamic:
@@ -242,8 +252,11 @@ def _buffer_update_out_of_place(spec: dict, rule: dict) -> int:
 def _frozen_state(spec: dict, rule: dict) -> int:
     if not _nodes_of(spec, rule["ops"]):
         return 0
-    thawed = [entry for entry in spec["state"].values()
-              if entry["kind"] in ("layer", "weight", "parameter") and not entry.get("frozen")]
+    thawed = [
+        entry
+        for entry in spec["state"].values()
+        if entry["kind"] in ("layer", "weight", "parameter") and not entry.get("frozen")
+    ]
     for entry in thawed:
         entry["frozen"] = True
     return len(thawed)
@@ -252,8 +265,11 @@ def _frozen_state(spec: dict, rule: dict) -> int:
 def _int32_batch_counter_when_dynamic(spec: dict, rule: dict) -> int:
     if not any(entry.get("dynamic") for body in spec["methods"].values() for entry in body["inputs"]):
         return 0
-    counted = [entry for entry in spec["state"].values()
-               if entry["kind"] == "layer" and entry["type"] in rule["types"] and not entry.get("batch_counter_int32")]
+    counted = [
+        entry
+        for entry in spec["state"].values()
+        if entry["kind"] == "layer" and entry["type"] in rule["types"] and not entry.get("batch_counter_int32")
+    ]
     for entry in counted:
         entry["batch_counter_int32"] = True
     return len(counted)
@@ -261,8 +277,11 @@ def _int32_batch_counter_when_dynamic(spec: dict, rule: dict) -> int:
 
 def _quantize_folded_weights(spec: dict, rule: dict) -> int:
     quantization = spec.get("quantization")
-    if not quantization or quantization.get("fold_computed_weights") or not any(
-            entry.get("parametrizations") for entry in spec["state"].values()):
+    if (
+        not quantization
+        or quantization.get("fold_computed_weights")
+        or not any(entry.get("parametrizations") for entry in spec["state"].values())
+    ):
         return 0
     quantization["fold_computed_weights"] = True
     return 1
@@ -302,8 +321,12 @@ def _bias_per_use(spec: dict, rule: dict) -> int:
         if loop["op"] in ("map", "scan", "while_loop") and loop.get("attrs", {}).get("inline"):
             for node in (n for body in loop["bodies"] for n in iter_nodes(body["nodes"])):
                 attrs = node.get("attrs", {})
-                if node["op"] == "linear" and "linear" in rule.get("ops", ()) and attrs.get("bias_state") \
-                        and not attrs.get("separate_bias"):
+                if (
+                    node["op"] == "linear"
+                    and "linear" in rule.get("ops", ())
+                    and attrs.get("bias_state")
+                    and not attrs.get("separate_bias")
+                ):
                     attrs["separate_bias"] = True
                     changed += 1
     for _, node in all_nodes(spec):
@@ -397,8 +420,9 @@ def _merge_repeated_scales(spec: dict, rule: dict) -> int:
                 replaced[scales[0]] = {**steps[scales[0]], "factor": product}
         if not replaced:
             continue
-        entry["parametrizations"] = [replaced.get(index, step) for index, step in enumerate(steps)
-                                     if replaced.get(index, step) is not None]
+        entry["parametrizations"] = [
+            replaced.get(index, step) for index, step in enumerate(steps) if replaced.get(index, step) is not None
+        ]
         changed += 1
     return changed
 
@@ -435,8 +459,13 @@ def _shared_single_pixel_via_float64(spec: dict, rule: dict) -> int:
     for method, body in spec["methods"].items():
         for node in body["nodes"]:
             shape = shapes.get((method, node["id"]))
-            if (node["op"] in rule["ops"] and node["id"] in shared[method] and shape and len(shape) == 4
-                    and shape[2:] == (1, 1)):
+            if (
+                node["op"] in rule["ops"]
+                and node["id"] in shared[method]
+                and shape
+                and len(shape) == 4
+                and shape[2:] == (1, 1)
+            ):
                 node.setdefault("attrs", {})["output_via_float64"] = True
                 changed += 1
     return changed
@@ -451,8 +480,11 @@ def _conv_input_apart(spec: dict, rule: dict) -> int:
         readers = _reader_counts(body["nodes"], body.get("outputs", []))
         convs: dict[str, list[dict]] = {}
         for node in body["nodes"]:
-            if node["op"] in rule["ops"] and node.get("args") and (
-                    node["op"] != "layer" or spec["state"].get(node.get("state"), {}).get("type") in rule["types"]):
+            if (
+                node["op"] in rule["ops"]
+                and node.get("args")
+                and (node["op"] != "layer" or spec["state"].get(node.get("state"), {}).get("type") in rule["types"])
+            ):
                 convs.setdefault(node["args"][0], []).append(node)
         for value, nodes in convs.items():
             shared = readers[value] > 1 if rule.get("beside") == "any" else len(nodes) > 1
@@ -466,11 +498,13 @@ def _conv_input_apart(spec: dict, rule: dict) -> int:
 def _bodies(spec: dict):
     """(method, body) for every method and every control-flow body in it: the
     scopes within which node names refer to one value."""
+
     def nested(method, body):
         yield method, body
         for node in body["nodes"]:
             for inner in node.get("bodies", ()):
                 yield from nested(method, inner)
+
     for method, body in spec["methods"].items():
         yield from nested(method, body)
 
@@ -507,7 +541,8 @@ def neutralize(spec: dict, rules: list[dict]) -> tuple[dict, int]:
         try:
             rewrite = REWRITES[rule["rewrite"]]
         except KeyError:
-            raise UsageError(f"unknown neutralization {rule.get('rewrite')!r}; known: "
-                             f"{', '.join(sorted(REWRITES))}") from None
+            raise UsageError(
+                f"unknown neutralization {rule.get('rewrite')!r}; known: {', '.join(sorted(REWRITES))}"
+            ) from None
         changed += rewrite(rewritten, rule)
     return rewritten, changed

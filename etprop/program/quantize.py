@@ -85,7 +85,6 @@ def quantize_pt2e(method_module, example, calibration, scheme, modules, dynamic_
 '''
 
 
-
 _PATTERN_GRAPHS: dict = {}
 
 
@@ -106,8 +105,14 @@ def _pattern_key(pattern, example_inputs, is_cuda, kwargs):
 
     try:
         closure = tuple(plain(cell.cell_contents) for cell in function.__closure__ or ())
-        key = (code, closure, plain(function.__defaults__), tuple(plain(x) for x in example_inputs), is_cuda,
-               tuple(sorted((name, plain(value)) for name, value in kwargs.items())))
+        key = (
+            code,
+            closure,
+            plain(function.__defaults__),
+            tuple(plain(x) for x in example_inputs),
+            is_cuda,
+            tuple(sorted((name, plain(value)) for name, value in kwargs.items())),
+        )
         hash(key)
     except (TypeError, ValueError):
         return None
@@ -146,21 +151,59 @@ def _q_ops() -> tuple[frozenset, frozenset, frozenset]:
     """(activation quantizations, the dynamic ones, dequantizations): weights
     were folded to int8 constants by convert_pt2e. The ops exist once torchao's
     PT2E module is imported."""
-    import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers quantized_decomposed)
     # Their out variants, which to_executorch needs for Q/DQ ops left outside a delegate.
     import executorch.kernels.quantized  # noqa: F401
+    import torchao.quantization.pt2e.quantize_pt2e  # noqa: F401  (registers quantized_decomposed)
 
     qd = torch.ops.quantized_decomposed
     dynamic = frozenset({qd.quantize_per_tensor.tensor, qd.quantize_per_tensor.tensor2})
-    return (frozenset({qd.quantize_per_tensor.default}) | dynamic, dynamic,
-            frozenset({qd.dequantize_per_tensor.default, qd.dequantize_per_tensor.tensor,
-                       qd.dequantize_per_tensor.tensor2, qd.dequantize_per_channel.default}))
+    return (
+        frozenset({qd.quantize_per_tensor.default}) | dynamic,
+        dynamic,
+        frozenset(
+            {
+                qd.dequantize_per_tensor.default,
+                qd.dequantize_per_tensor.tensor,
+                qd.dequantize_per_tensor.tensor2,
+                qd.dequantize_per_channel.default,
+            }
+        ),
+    )
 
 
 # Ops whose result is exact given their operands: only their inputs' perturbation moves them.
-_EXACT = {"relu", "view", "reshape", "permute", "transpose", "t", "clone", "flatten", "unsqueeze", "squeeze",
-          "slice", "select", "cat", "getitem", "max_pool2d", "max_pool1d", "amax", "amin", "clamp", "hardtanh",
-          "neg", "abs", "maximum", "minimum", "floor", "ceil", "round", "expand", "contiguous", "_to_copy"}
+_EXACT = {
+    "relu",
+    "view",
+    "reshape",
+    "permute",
+    "transpose",
+    "t",
+    "clone",
+    "flatten",
+    "unsqueeze",
+    "squeeze",
+    "slice",
+    "select",
+    "cat",
+    "getitem",
+    "max_pool2d",
+    "max_pool1d",
+    "amax",
+    "amin",
+    "clamp",
+    "hardtanh",
+    "neg",
+    "abs",
+    "maximum",
+    "minimum",
+    "floor",
+    "ceil",
+    "round",
+    "expand",
+    "contiguous",
+    "_to_copy",
+}
 
 
 def _abs(tensor):
@@ -230,10 +273,12 @@ class _Perturbed(torch.fx.Interpreter):
     def _body(self, graph_module):
         """A control-flow body run with the same perturbations (and the same
         draws) as the graph that calls it."""
+
         def run(*operands):
             inner = _Perturbed(graph_module, self.mode, 0, self.budgets)
             inner.generator, inner.unrounded = self.generator, self.unrounded
             return inner.run(*operands)
+
         return run
 
     def run_node(self, n):
@@ -280,8 +325,9 @@ class _Perturbed(torch.fx.Interpreter):
             # zero, moves by the smallest normal.
             subnormal = (wide != 0) & (wide.abs() < info.tiny)
             terms = _TERMS[name](*args) if name in _TERMS else wide.abs()
-            size = self.float_ulps * info.eps * torch.maximum(wide.abs(), terms) \
-                + torch.where(subnormal, info.tiny, 0.0)
+            size = self.float_ulps * info.eps * torch.maximum(wide.abs(), terms) + torch.where(
+                subnormal, info.tiny, 0.0
+            )
             result = (wide + self._signs(result.shape).double() * size).to(result.dtype)
         return result
 
@@ -322,7 +368,7 @@ def _rounded_per_row(value: torch.Tensor, row_dims: int, qmin: int, qmax: int) -
     dequantized."""
     if value.numel() == 0:
         return value
-    rows = value.reshape(-1, math.prod(value.shape[value.dim() - min(row_dims, value.dim()):]))
+    rows = value.reshape(-1, math.prod(value.shape[value.dim() - min(row_dims, value.dim()) :]))
     low = rows.amin(dim=1, keepdim=True).clamp(max=0)
     high = rows.amax(dim=1, keepdim=True).clamp(min=0)
     scale = torch.where(high > low, (high - low) / (qmax - qmin), torch.ones_like(high))
@@ -335,8 +381,12 @@ def flip_runs(converted, inputs: tuple, budgets: dict) -> list:
     """The converted program's outputs with every quantization's input moved
     up, then down, by ``budgets["flip_steps"]`` whole steps: how far a value
     that rounds the other way anywhere upstream can move each output."""
-    budgets = {**budgets, "tie_steps": budgets["flip_steps"], "dynamic_steps": budgets["flip_steps"],
-               "quantized_float_ops": 0.0}
+    budgets = {
+        **budgets,
+        "tie_steps": budgets["flip_steps"],
+        "dynamic_steps": budgets["flip_steps"],
+        "quantized_float_ops": 0.0,
+    }
     runs = []
     with torch.no_grad():
         for mode in ("up", "down"):
@@ -369,8 +419,11 @@ def _innermost(exc: BaseException) -> str:
     while exc.__cause__ is not None:
         exc = exc.__cause__
     frames = traceback.extract_tb(exc.__traceback__)
-    where = f" at {frames[-1].filename.rsplit('site-packages/', 1)[-1]}:{frames[-1].lineno} in {frames[-1].name}" \
-        if frames else ""
+    where = (
+        f" at {frames[-1].filename.rsplit('site-packages/', 1)[-1]}:{frames[-1].lineno} in {frames[-1].name}"
+        if frames
+        else ""
+    )
     return f"cause: {type(exc).__name__}: {exc}{where}"
 
 
@@ -405,27 +458,32 @@ def quantized(built):
     namespace = built.namespace
     converted = {}
     for method in built.methods:
-        calibration = namespace["calibration_inputs"](built.spec["methods"][method]["inputs"],
-                                                      config.get("calibration", 1))
+        calibration = namespace["calibration_inputs"](
+            built.spec["methods"][method]["inputs"], config.get("calibration", 1)
+        )
         module, example, shapes = built.method_module(method), built.inputs(method), built.dynamic_shapes(method)
         if config.get("fold_computed_weights"):
             module = type(module)(namespace["fold_computed_weights"](namespace["Program"]().eval()), method)
         try:
             graph = torch.export.export(module, example, dynamic_shapes=shapes, strict=False).module()
         except Exception as exc:
-            raise QuantizationFailed("export", f"torch.export rejected method '{method}': "
-                                               f"{type(exc).__name__}: {exc}") from exc
+            raise QuantizationFailed(
+                "export", f"torch.export rejected method '{method}': {type(exc).__name__}: {exc}"
+            ) from exc
         try:
             with pattern_graphs_reused():
-                converted[method] = namespace["pt2e_steps"](graph, calibration, config["scheme"],
-                                                            config.get("modules"))
+                converted[method] = namespace["pt2e_steps"](graph, calibration, config["scheme"], config.get("modules"))
         except Exception as exc:
             eager_error = _eager_error(module, example)
             if eager_error:
                 # torch.export can accept what eager refuses (meta addmm skips
                 # its bias check at beta 0): not a failure of PT2E.
                 raise QuantizationFailed("export", f"method '{method}' does not run in eager: {eager_error}") from exc
-            raise QuantizationFailed("pt2e", f"PT2E quantization ({config['scheme']}) of method '{method}' failed: "
-                                             f"{type(exc).__name__}: {exc}\n{_innermost(exc)}") from exc
-    return QuantizedProgram(spec=built.spec, source=built.source, module=built.module, namespace=namespace,
-                            converted=converted)
+            raise QuantizationFailed(
+                "pt2e",
+                f"PT2E quantization ({config['scheme']}) of method '{method}' failed: "
+                f"{type(exc).__name__}: {exc}\n{_innermost(exc)}",
+            ) from exc
+    return QuantizedProgram(
+        spec=built.spec, source=built.source, module=built.module, namespace=namespace, converted=converted
+    )

@@ -42,46 +42,92 @@ _REDUCE = {"dim": REQUIRED, "keepdim": False}
 
 # Per spec op: argument -> default, for every argument a strategy draws.
 ARGUMENTS: dict[str, dict] = {
-    "linear": {}, "mm": {}, "bmm": {}, "matmul": {},
-    "conv1d": dict(_CONV), "conv2d": dict(_CONV),
-    "conv_transpose1d": {**_CONV, "output_padding": 0}, "conv_transpose2d": {**_CONV, "output_padding": 0},
+    "linear": {},
+    "mm": {},
+    "bmm": {},
+    "matmul": {},
+    "conv1d": dict(_CONV),
+    "conv2d": dict(_CONV),
+    "conv_transpose1d": {**_CONV, "output_padding": 0},
+    "conv_transpose2d": {**_CONV, "output_padding": 0},
     "addmm": {"alpha": 1, "beta": 1},
-    "relu": {}, "sigmoid": {}, "tanh": {}, "silu": {}, "hardswish": {}, "hardsigmoid": {},
+    "relu": {},
+    "sigmoid": {},
+    "tanh": {},
+    "silu": {},
+    "hardswish": {},
+    "hardsigmoid": {},
     "gelu": {"approximate": "none"},
     "hardtanh": {"min_val": -1.0, "max_val": 1.0},
     "leaky_relu": {"negative_slope": 0.01},
     "elu": {"alpha": 1.0},
     "softplus": {"beta": 1.0, "threshold": 20.0},
     "clamp": {"min": None, "max": None},
-    "abs": {}, "neg": {}, "square": {}, "sqrt_abs": {}, "exp_bounded": {}, "floor": {}, "ceil": {}, "round": {},
-    "via_float64": {}, "via_int64": {},
-    "add": {"alpha": 1}, "sub": {"alpha": 1}, "mul": {}, "div": {"rounding_mode": None},
-    "maximum": {}, "minimum": {},
-    "sum": dict(_REDUCE), "mean": dict(_REDUCE), "amax": dict(_REDUCE), "amin": dict(_REDUCE),
+    "abs": {},
+    "neg": {},
+    "square": {},
+    "sqrt_abs": {},
+    "exp_bounded": {},
+    "floor": {},
+    "ceil": {},
+    "round": {},
+    "via_float64": {},
+    "via_int64": {},
+    "add": {"alpha": 1},
+    "sub": {"alpha": 1},
+    "mul": {},
+    "div": {"rounding_mode": None},
+    "maximum": {},
+    "minimum": {},
+    "sum": dict(_REDUCE),
+    "mean": dict(_REDUCE),
+    "amax": dict(_REDUCE),
+    "amin": dict(_REDUCE),
     "var": {**_REDUCE, "correction": 1},
-    "softmax": {"dim": REQUIRED}, "log_softmax": {"dim": REQUIRED},
-    "reshape": {"shape": REQUIRED}, "permute": {"dims": REQUIRED},
+    "softmax": {"dim": REQUIRED},
+    "log_softmax": {"dim": REQUIRED},
+    "reshape": {"shape": REQUIRED},
+    "permute": {"dims": REQUIRED},
     "transpose": {"dim0": REQUIRED, "dim1": REQUIRED},
     "flatten": {"start_dim": 0, "end_dim": -1},
-    "unsqueeze": {"dim": REQUIRED}, "squeeze": {"dim": REQUIRED},
+    "unsqueeze": {"dim": REQUIRED},
+    "squeeze": {"dim": REQUIRED},
     "slice": {"dim": 0, "start": None, "end": None, "step": 1},
     "cat": {"dim": 0},
-    "max_pool1d": {**_POOL, "dilation": 1}, "max_pool2d": {**_POOL, "dilation": 1},
+    "max_pool1d": {**_POOL, "dilation": 1},
+    "max_pool2d": {**_POOL, "dilation": 1},
     "avg_pool1d": {**_POOL, "count_include_pad": True},
     "avg_pool2d": {**_POOL, "count_include_pad": True, "divisor_override": None},
     "adaptive_avg_pool2d": {"output_size": REQUIRED},
-    "interpolate": {"mode": "nearest", "size": REQUIRED, "scale_factor": REQUIRED, "align_corners": None,
-                    "recompute_scale_factor": None, "antialias": False},
-    "pixel_shuffle": {"upscale_factor": REQUIRED}, "pixel_unshuffle": {"downscale_factor": REQUIRED},
+    "interpolate": {
+        "mode": "nearest",
+        "size": REQUIRED,
+        "scale_factor": REQUIRED,
+        "align_corners": None,
+        "recompute_scale_factor": None,
+        "antialias": False,
+    },
+    "pixel_shuffle": {"upscale_factor": REQUIRED},
+    "pixel_unshuffle": {"downscale_factor": REQUIRED},
 }
 
 # Per layer type (the ``layer`` op): keyword argument -> default.
-_CONV_LAYER = {"in_channels": REQUIRED, "out_channels": REQUIRED, "kernel_size": REQUIRED, "stride": 1,
-               "padding": 0, "dilation": 1, "groups": 1, "bias": True, "padding_mode": "zeros"}
+_CONV_LAYER = {
+    "in_channels": REQUIRED,
+    "out_channels": REQUIRED,
+    "kernel_size": REQUIRED,
+    "stride": 1,
+    "padding": 0,
+    "dilation": 1,
+    "groups": 1,
+    "bias": True,
+    "padding_mode": "zeros",
+}
 _TRANSPOSED_CONV_LAYER = {name: default for name, default in _CONV_LAYER.items() if name != "padding_mode"}
 LAYER_ARGUMENTS: dict[str, dict] = {
     "Linear": {"in_features": REQUIRED, "out_features": REQUIRED, "bias": True},
-    "Conv1d": dict(_CONV_LAYER), "Conv2d": dict(_CONV_LAYER),
+    "Conv1d": dict(_CONV_LAYER),
+    "Conv2d": dict(_CONV_LAYER),
     # PyTorch's transposed convolutions accept no padding mode but zeros.
     "ConvTranspose1d": {**_TRANSPOSED_CONV_LAYER, "output_padding": 0},
     "ConvTranspose2d": {**_TRANSPOSED_CONV_LAYER, "output_padding": 0},
@@ -92,38 +138,104 @@ LAYER_ARGUMENTS: dict[str, dict] = {
 }
 
 # Node attributes that are operands or neutralizations, not drawn arguments.
-OPERAND_ATTRS = frozenset({"bias_state", "scalar", "two_pass", "layer_norm_two_pass", "separate_bias", "by_index",
-                           "input_copy", "by_hand", "antialias_widened", "pad_by_cat", "predicate_keepdim",
-                           "input_via_float64", "output_via_float64", "same_padding_explicit",
-                           "circular_padding_explicit", "fit_shape",
-                           "weight_as", "input_channels", "by_sums"})
+OPERAND_ATTRS = frozenset(
+    {
+        "bias_state",
+        "scalar",
+        "two_pass",
+        "layer_norm_two_pass",
+        "separate_bias",
+        "by_index",
+        "input_copy",
+        "by_hand",
+        "antialias_widened",
+        "pad_by_cat",
+        "predicate_keepdim",
+        "input_via_float64",
+        "output_via_float64",
+        "same_padding_explicit",
+        "circular_padding_explicit",
+        "fit_shape",
+        "weight_as",
+        "input_channels",
+        "by_sums",
+    }
+)
 
 # The nearest relative of an op: same signature, another function.
 RELATIVES = {
-    "relu": "leaky_relu", "leaky_relu": "relu", "gelu": "silu", "silu": "gelu", "sigmoid": "hardsigmoid",
-    "hardsigmoid": "sigmoid", "tanh": "hardtanh", "hardtanh": "tanh", "hardswish": "silu", "elu": "leaky_relu",
-    "softplus": "relu", "abs": "relu", "neg": "abs", "square": "abs", "sqrt_abs": "abs", "exp_bounded": "tanh",
-    "floor": "ceil", "ceil": "floor", "round": "floor", "clamp": "hardtanh", "via_int64": "via_float64",
+    "relu": "leaky_relu",
+    "leaky_relu": "relu",
+    "gelu": "silu",
+    "silu": "gelu",
+    "sigmoid": "hardsigmoid",
+    "hardsigmoid": "sigmoid",
+    "tanh": "hardtanh",
+    "hardtanh": "tanh",
+    "hardswish": "silu",
+    "elu": "leaky_relu",
+    "softplus": "relu",
+    "abs": "relu",
+    "neg": "abs",
+    "square": "abs",
+    "sqrt_abs": "abs",
+    "exp_bounded": "tanh",
+    "floor": "ceil",
+    "ceil": "floor",
+    "round": "floor",
+    "clamp": "hardtanh",
+    "via_int64": "via_float64",
     "via_float64": "via_int64",
-    "add": "sub", "sub": "add", "mul": "div", "div": "mul", "maximum": "minimum", "minimum": "maximum",
-    "sum": "mean", "mean": "sum", "amax": "amin", "amin": "amax", "var": "mean",
-    "softmax": "log_softmax", "log_softmax": "softmax",
-    "max_pool1d": "avg_pool1d", "avg_pool1d": "max_pool1d", "max_pool2d": "avg_pool2d", "avg_pool2d": "max_pool2d",
-    "pixel_shuffle": None, "pixel_unshuffle": None, "transpose": None, "permute": None,
-    "conv1d": "conv_transpose1d", "conv_transpose1d": "conv1d", "conv2d": "conv_transpose2d",
-    "conv_transpose2d": "conv2d", "mm": "matmul", "matmul": "mm", "bmm": "matmul", "linear": "matmul",
+    "add": "sub",
+    "sub": "add",
+    "mul": "div",
+    "div": "mul",
+    "maximum": "minimum",
+    "minimum": "maximum",
+    "sum": "mean",
+    "mean": "sum",
+    "amax": "amin",
+    "amin": "amax",
+    "var": "mean",
+    "softmax": "log_softmax",
+    "log_softmax": "softmax",
+    "max_pool1d": "avg_pool1d",
+    "avg_pool1d": "max_pool1d",
+    "max_pool2d": "avg_pool2d",
+    "avg_pool2d": "max_pool2d",
+    "pixel_shuffle": None,
+    "pixel_unshuffle": None,
+    "transpose": None,
+    "permute": None,
+    "conv1d": "conv_transpose1d",
+    "conv_transpose1d": "conv1d",
+    "conv2d": "conv_transpose2d",
+    "conv_transpose2d": "conv2d",
+    "mm": "matmul",
+    "matmul": "mm",
+    "bmm": "matmul",
+    "linear": "matmul",
 }
 AXIS_OPS = ("sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "cat", "slice", "flatten")
 BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
 GEMMS_WITH_BIAS = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")
-STATE_OPERAND_OPS = BINARY + ("linear", "mm", "bmm", "matmul", "addmm", "conv1d", "conv2d", "conv_transpose1d",
-                              "conv_transpose2d")
+STATE_OPERAND_OPS = BINARY + (
+    "linear",
+    "mm",
+    "bmm",
+    "matmul",
+    "addmm",
+    "conv1d",
+    "conv2d",
+    "conv_transpose1d",
+    "conv_transpose2d",
+)
 _IDENTITY = {"add": 0.0, "sub": 0.0, "mul": 1.0, "div": 1.0}
 
 
 @dataclass(frozen=True)
 class Mutant:
-    op: str          # a spec op, or "layer:<Type>"
+    op: str  # a spec op, or "layer:<Type>"
     kind: str
     detail: str = ""
 
@@ -133,8 +245,13 @@ class Mutant:
 
     @property
     def family(self) -> str:
-        return "gemm" if self.op.startswith("layer:") and ("Conv" in self.op or "Linear" in self.op) else \
-            "normalization" if self.op.startswith("layer:") else family(self.op)
+        return (
+            "gemm"
+            if self.op.startswith("layer:") and ("Conv" in self.op or "Linear" in self.op)
+            else "normalization"
+            if self.op.startswith("layer:")
+            else family(self.op)
+        )
 
     def applies_to(self, spec: dict) -> bool:
         return bool(_targets(spec, self.op))
@@ -206,10 +323,12 @@ def catalogue() -> list[Mutant]:
     for op in OPS:
         if op in ("layer", "buffer_update"):
             continue
-        mutants += [Mutant(op, "ignore_argument", name) for name, default in ARGUMENTS[op].items()
-                    if default is not REQUIRED]
-        mutants += [Mutant(op, "misread_argument", name) for name, default in ARGUMENTS[op].items()
-                    if default is REQUIRED]
+        mutants += [
+            Mutant(op, "ignore_argument", name) for name, default in ARGUMENTS[op].items() if default is not REQUIRED
+        ]
+        mutants += [
+            Mutant(op, "misread_argument", name) for name, default in ARGUMENTS[op].items() if default is REQUIRED
+        ]
         if RELATIVES.get(op):
             mutants.append(Mutant(op, "relative", RELATIVES[op]))
         if op in AXIS_OPS:
@@ -222,8 +341,9 @@ def catalogue() -> list[Mutant]:
             mutants.append(Mutant(op, "drop_operand"))
     for layer_type, arguments in LAYER_ARGUMENTS.items():
         op = f"layer:{layer_type}"
-        mutants += [Mutant(op, "ignore_argument", name) for name, default in arguments.items()
-                    if default is not REQUIRED]
+        mutants += [
+            Mutant(op, "ignore_argument", name) for name, default in arguments.items() if default is not REQUIRED
+        ]
         if "bias" in arguments or "affine" in arguments or "elementwise_affine" in arguments:
             mutants.append(Mutant(op, "drop_operand"))
         mutants.append(Mutant(op, "swap_weight"))
@@ -234,8 +354,9 @@ def _targets(spec: dict, op: str) -> list:
     """(method, node) pairs of ``op``, or state names of a layer type."""
     if op.startswith("layer:"):
         layer_type = op.split(":", 1)[1]
-        return [name for name, entry in spec["state"].items()
-                if entry["kind"] == "layer" and entry["type"] == layer_type]
+        return [
+            name for name, entry in spec["state"].items() if entry["kind"] == "layer" and entry["type"] == layer_type
+        ]
     return [(method, node["id"]) for method, node in all_nodes(spec) if node["op"] == op]
 
 
@@ -292,8 +413,9 @@ def _relative(mutant: Mutant, spec: dict):
         node["op"] = mutant.detail
         if "attrs" in node:
             node["attrs"] = {k: v for k, v in node["attrs"].items() if k in accepted}
-        layout = _relative_weight_layout(mutant.op, mutant.detail, copied["state"].get(node.get("state")),
-                                         node.get("attrs", {}).get("groups", 1))
+        layout = _relative_weight_layout(
+            mutant.op, mutant.detail, copied["state"].get(node.get("state")), node.get("attrs", {}).get("groups", 1)
+        )
         if layout:
             node.setdefault("attrs", {})["weight_as"] = layout
         if mutant.op.startswith("conv") and isinstance(node.get("attrs", {}).get("padding"), str):
@@ -411,11 +533,14 @@ def _drop_operand(mutant: Mutant, spec: dict):
         for name in _targets(copied, mutant.op):
             entry = copied["state"][name]
             for flag in ("bias", "affine", "elementwise_affine"):
-                if entry["kwargs"].get(flag, flag in LAYER_ARGUMENTS[entry["type"]]) and \
-                        flag in LAYER_ARGUMENTS[entry["type"]]:
+                if (
+                    entry["kwargs"].get(flag, flag in LAYER_ARGUMENTS[entry["type"]])
+                    and flag in LAYER_ARGUMENTS[entry["type"]]
+                ):
                     entry["kwargs"][flag] = False
-                    entry["parametrizations"] = [p for p in entry.get("parametrizations", [])
-                                                 if p.get("on", "weight") == "weight"]
+                    entry["parametrizations"] = [
+                        p for p in entry.get("parametrizations", []) if p.get("on", "weight") == "weight"
+                    ]
                     changed = True
                     break
     elif mutant.op == "addmm":
@@ -437,5 +562,12 @@ def _drop_operand(mutant: Mutant, spec: dict):
         yield copied
 
 
-_VARIANTS = {"ignore_argument": _ignore_argument, "misread_argument": _misread_argument, "relative": _relative, "other_axis": _other_axis,
-             "swap_operands": _swap_operands, "swap_weight": _swap_weight, "drop_operand": _drop_operand}
+_VARIANTS = {
+    "ignore_argument": _ignore_argument,
+    "misread_argument": _misread_argument,
+    "relative": _relative,
+    "other_axis": _other_axis,
+    "swap_operands": _swap_operands,
+    "swap_weight": _swap_weight,
+    "drop_operand": _drop_operand,
+}

@@ -55,8 +55,10 @@ def loads(text: str) -> dict:
     try:
         spec = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise SpecError(f"not valid JSON ({exc.msg} at line {exc.lineno}); "
-                        "the file may be truncated: regenerate it with 'etprop fuzz'") from None
+        raise SpecError(
+            f"not valid JSON ({exc.msg} at line {exc.lineno}); "
+            "the file may be truncated: regenerate it with 'etprop fuzz'"
+        ) from None
     validate(spec)
     return spec
 
@@ -102,8 +104,23 @@ def _require(cond: Any, message: str) -> None:
 
 # Names the generated source defines or imports: a spec name equal to one
 # would shadow it (never run code, but fail in confusing ways).
-_RESERVED = {"self", "torch", "nn", "F", "parametrize", "parametrizations", "hop_map", "hop_scan",
-             "hop_while_loop", "DTYPES", "Program", "INPUTS", "make_input", "step", "carried"}
+_RESERVED = {
+    "self",
+    "torch",
+    "nn",
+    "F",
+    "parametrize",
+    "parametrizations",
+    "hop_map",
+    "hop_scan",
+    "hop_while_loop",
+    "DTYPES",
+    "Program",
+    "INPUTS",
+    "make_input",
+    "step",
+    "carried",
+}
 # Integer attributes that drive Python-level work when the program is built
 # (a list of slices, loop trips, power iterations): bounded so a spec cannot hang.
 _BOUNDED_INTS = {"dim": 8, "iterations": 64, "n_power_iterations": 64}
@@ -111,8 +128,10 @@ _HOW = ("add", "mul", "copy")
 
 
 def _check_name(where: str, name: str) -> None:
-    _require(not keyword.iskeyword(name) and name not in _RESERVED,
-             f"{where}: name '{name}' is reserved (a Python keyword or a name the generated program uses)")
+    _require(
+        not keyword.iskeyword(name) and name not in _RESERVED,
+        f"{where}: name '{name}' is reserved (a Python keyword or a name the generated program uses)",
+    )
 
 
 def _check_body(where: str, body: dict, defined: set[str], state: dict) -> None:
@@ -121,9 +140,11 @@ def _check_body(where: str, body: dict, defined: set[str], state: dict) -> None:
         node_id, op = node["id"], node["op"]
         _check_name(where, node_id)
         _require(node_id not in defined, f"{where}: '{node_id}' is defined twice")
-        _require(op in OPS or op in CONTROL_FLOW_OPS,
-                 f"{where}: node {node_id} has unknown op '{op}'; known ops: "
-                 f"{', '.join(sorted(OPS) + list(CONTROL_FLOW_OPS))}")
+        _require(
+            op in OPS or op in CONTROL_FLOW_OPS,
+            f"{where}: node {node_id} has unknown op '{op}'; known ops: "
+            f"{', '.join(sorted(OPS) + list(CONTROL_FLOW_OPS))}",
+        )
         for arg in node.get("args", []):
             _require(arg in defined, f"{where}: node {node_id} reads '{arg}' before it is defined")
         for key in ("state", "bias_state"):
@@ -135,12 +156,13 @@ def _check_body(where: str, body: dict, defined: set[str], state: dict) -> None:
             if isinstance(value, int) and not isinstance(value, bool):
                 _require(abs(value) <= bound, f"{where}: node {node_id} has {key}={value}, beyond {bound}")
         if op == "buffer_update":
-            _require(attrs.get("how") in _HOW, f"{where}: node {node_id} updates its buffer by "
-                                               f"{attrs.get('how')!r}; expected one of {_HOW}")
+            _require(
+                attrs.get("how") in _HOW,
+                f"{where}: node {node_id} updates its buffer by {attrs.get('how')!r}; expected one of {_HOW}",
+            )
         if op in CONTROL_FLOW_OPS:
             bodies = node.get("bodies")
-            _require(isinstance(bodies, list) and bodies,
-                     f"{where}: control-flow node {node_id} needs 'bodies'")
+            _require(isinstance(bodies, list) and bodies, f"{where}: control-flow node {node_id} needs 'bodies'")
             for index, sub in enumerate(bodies):
                 for param in sub.get("params", []):
                     _check_name(f"{where}/{node_id}[{index}]", param)
@@ -159,10 +181,10 @@ def _validator(name: str):
     from referencing import Registry, Resource
 
     folder = importlib.resources.files("etprop.program") / "schemas"
-    schemas = {entry.name: json.loads(entry.read_text()) for entry in folder.iterdir()
-               if entry.name.endswith(".schema.json")}
-    registry = Registry().with_resources(
-        (schema["$id"], Resource.from_contents(schema)) for schema in schemas.values())
+    schemas = {
+        entry.name: json.loads(entry.read_text()) for entry in folder.iterdir() if entry.name.endswith(".schema.json")
+    }
+    registry = Registry().with_resources((schema["$id"], Resource.from_contents(schema)) for schema in schemas.values())
     return Draft202012Validator(schemas[name], registry=registry)
 
 
@@ -188,11 +210,15 @@ def _check_quantization(spec: dict) -> None:
         return
     for name in config.get("modules") or ():
         entry = spec["state"].get(name)
-        _require(entry is not None and entry["kind"] == "layer",
-                 f"quantization: modules names '{name}', which is not a layer of the program's state")
-    _require(not any(entry["kind"] == "buffer" and entry.get("mutable") for entry in spec["state"].values()),
-             "quantization: a program with mutable buffers cannot be quantized; drop 'quantization' or the "
-             "buffer_update nodes")
+        _require(
+            entry is not None and entry["kind"] == "layer",
+            f"quantization: modules names '{name}', which is not a layer of the program's state",
+        )
+    _require(
+        not any(entry["kind"] == "buffer" and entry.get("mutable") for entry in spec["state"].values()),
+        "quantization: a program with mutable buffers cannot be quantized; drop 'quantization' or the "
+        "buffer_update nodes",
+    )
 
 
 def validate(spec: Any, limits: dict | None = None) -> None:
@@ -202,9 +228,11 @@ def validate(spec: Any, limits: dict | None = None) -> None:
     from etprop.program import limits as size_limits
 
     _require(isinstance(spec, dict), "a spec must be a JSON object")
-    _require(spec.get("format") in SCHEMAS,
-             f"spec format is {spec.get('format')!r}, this etprop reads {' and '.join(map(repr, SCHEMAS))}; "
-             "re-create the repro with this etprop version")
+    _require(
+        spec.get("format") in SCHEMAS,
+        f"spec format is {spec.get('format')!r}, this etprop reads {' and '.join(map(repr, SCHEMAS))}; "
+        "re-create the repro with this etprop version",
+    )
     check_schema(spec, SCHEMAS[spec["format"]])
     state = spec["state"]
     _check_quantization(spec)

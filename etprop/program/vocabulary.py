@@ -25,6 +25,7 @@ def _call(fn: str, *kwnames: str, nargs: int | None = None) -> Render:
     def render(args, attrs, state):
         used = args if nargs is None else args[:nargs]
         return f"{fn}({', '.join(used)}{_kw(attrs, *kwnames)})"
+
     return render
 
 
@@ -32,8 +33,10 @@ def _avg_pool(fn: str, *kwnames: str) -> Render:
     """``by_sums``: the pool as whole windows over an explicitly padded input,
     divided by what PyTorch's divisor counts (the same values; a
     neutralization)."""
+
     def render(args, attrs, state):
         return f"{'_avg_pool_by_sums' if attrs.get('by_sums') else fn}({args[0]}{_kw(attrs, *kwnames)})"
+
     return render
 
 
@@ -67,12 +70,14 @@ def _layer(args, attrs, state):
         return f"_conv_circular_padded_explicitly(self.{state}, {operand})"
     if attrs.get("pad_output"):
         extra = (", by_cat=True" if attrs.get("pad_by_cat") else "") + (
-            ", via_float64=True" if attrs.get("output_via_float64") else "")
+            ", via_float64=True" if attrs.get("output_via_float64") else ""
+        )
         return f"_conv_transpose_output_padded(self.{state}, {operand}{extra})"
     if attrs.get("output_via_float64"):
         return f"_via_float64({_layer(args, {k: v for k, v in attrs.items() if k != 'output_via_float64'}, state)})"
-    kinds = [kind for kind, attr in (("GroupNorm", "two_pass"), ("LayerNorm", "layer_norm_two_pass"))
-             if attrs.get(attr)]
+    kinds = [
+        kind for kind, attr in (("GroupNorm", "two_pass"), ("LayerNorm", "layer_norm_two_pass")) if attrs.get(attr)
+    ]
     if kinds and attrs.get("by_hand"):
         # Neutralizations compose: each rewrites only the layer type it names.
         return f"_norm_two_pass(self.{state}, {operand}, {tuple(kinds)!r}, batch_norm_by_hand=True)"
@@ -103,6 +108,7 @@ def _gemm_functional(fn: str, *kwnames: str, bias_argument: bool = False) -> Ren
     without ``state``, a product of two values (attention's scores). A
     ``bias_state`` is ``fn``'s first argument with ``bias_argument``, else
     added to the product (a GEMM's relative without a bias argument)."""
+
     def render(args, attrs, state):
         operands = list(args) + ([_weight_operand(state, attrs)] if state else [])
         bias = attrs.get("bias_state")
@@ -110,6 +116,7 @@ def _gemm_functional(fn: str, *kwnames: str, bias_argument: bool = False) -> Ren
             operands.insert(0, _weight_ref(bias))
         product = f"{fn}({', '.join(operands)}{_kw(attrs, *kwnames)})"
         return f"torch.add({product}, {_weight_ref(bias)})" if bias and not bias_argument else product
+
     return render
 
 
@@ -149,8 +156,11 @@ def _linear_functional(args, attrs, state):
 
 def _conv_functional(dims: int, transposed: bool) -> Render:
     fn = f"F.conv_transpose{dims}d" if transposed else f"F.conv{dims}d"
-    names = ("stride", "padding", "output_padding", "groups", "dilation") if transposed else (
-        "stride", "padding", "dilation", "groups")
+    names = (
+        ("stride", "padding", "output_padding", "groups", "dilation")
+        if transposed
+        else ("stride", "padding", "dilation", "groups")
+    )
 
     def render(args, attrs, state):
         bias = _weight_ref(attrs["bias_state"]) if attrs.get("bias_state") else "None"
@@ -163,9 +173,10 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
             args = [f"{args[0]}.clone()"] + list(args[1:])
         if not transposed and attrs.get("same_padding_explicit") and attrs.get("padding") == "same":
             # ``same_padding_explicit``: the zeros padded on, then no padding (a neutralization).
-            return (f"_conv_same_padded_explicitly_functional({args[0]}, {_weight_operand(state, attrs)}, {bias}, "
-                    f"{attrs.get('dilation', 1)!r}, {attrs.get('groups', 1)!r}"
-                    + (", via_float64=True)" if via else ")"))
+            return (
+                f"_conv_same_padded_explicitly_functional({args[0]}, {_weight_operand(state, attrs)}, {bias}, "
+                f"{attrs.get('dilation', 1)!r}, {attrs.get('groups', 1)!r}" + (", via_float64=True)" if via else ")")
+            )
         if via:
             args = [_through_float64(args[0])] + list(args[1:])
         if transposed and attrs.get("pad_output") and attrs.get("output_padding"):
@@ -177,11 +188,11 @@ def _conv_functional(dims: int, transposed: bool) -> Render:
             full = f"{fn}({args[0]}, {_weight_operand(state, attrs)}, None{_kw(inner, *names)})"
             if attrs.get("output_via_float64"):
                 full = f"_via_float64({full})"
-            return (f"_output_padded({full}, "
-                    f"{attrs.get('padding', 0)!r}, {attrs['output_padding']!r}, {bias}{by_cat})")
+            return f"_output_padded({full}, {attrs.get('padding', 0)!r}, {attrs['output_padding']!r}, {bias}{by_cat})"
         result = f"{fn}({args[0]}, {_weight_operand(state, attrs)}, {bias}{_kw(attrs, *names)})"
         # ``output_via_float64``: the result cast to float64 and back (a neutralization).
         return f"_via_float64({result})" if attrs.get("output_via_float64") else result
+
     return render
 
 
@@ -191,6 +202,7 @@ def _method(name: str, *kwnames: str) -> Render:
         positional = [rest] if rest else []
         positional += [repr(a) for a in attrs.get("positional", [])]
         return f"{args[0]}.{name}({', '.join(positional)}{_kw(attrs, *kwnames)})"
+
     return render
 
 
@@ -198,6 +210,7 @@ def _binary_with_state(fn: str, *kwnames: str) -> Render:
     """Binary op whose second operand may be a parameter/buffer/constant;
     ``input_via_float64``: its first operand cast to float64 and back (a
     neutralization)."""
+
     def render(args, attrs, state):
         operands = list(args)
         if attrs.get("input_via_float64"):
@@ -207,6 +220,7 @@ def _binary_with_state(fn: str, *kwnames: str) -> Render:
         if "scalar" in attrs:
             operands.append(repr(attrs["scalar"]))
         return f"{fn}({', '.join(operands)}{_kw(attrs, *kwnames)})"
+
     return render
 
 
@@ -228,8 +242,11 @@ def _var(args, attrs):
     return f"torch.var({args[0]}{_kw(attrs, 'dim', 'correction', 'keepdim')})"
 
 
-_OUT_OF_PLACE = {"add": "(self.{s} + {x})", "mul": "(self.{s} * {x})",
-                 "copy": "{x}.expand_as(self.{s}).to(self.{s}.dtype)"}
+_OUT_OF_PLACE = {
+    "add": "(self.{s} + {x})",
+    "mul": "(self.{s} * {x})",
+    "copy": "{x}.expand_as(self.{s}).to(self.{s}.dtype)",
+}
 
 
 def _state_update(args, attrs, state):
@@ -309,10 +326,16 @@ OPS: dict[str, tuple[str, Render]] = {
     # pooling
     "max_pool1d": ("pool", _call("F.max_pool1d", "kernel_size", "stride", "padding", "dilation", "ceil_mode")),
     "max_pool2d": ("pool", _call("F.max_pool2d", "kernel_size", "stride", "padding", "dilation", "ceil_mode")),
-    "avg_pool1d": ("pool", _avg_pool("F.avg_pool1d", "kernel_size", "stride", "padding", "ceil_mode",
-                                     "count_include_pad")),
-    "avg_pool2d": ("pool", _avg_pool("F.avg_pool2d", "kernel_size", "stride", "padding", "ceil_mode",
-                                     "count_include_pad", "divisor_override")),
+    "avg_pool1d": (
+        "pool",
+        _avg_pool("F.avg_pool1d", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"),
+    ),
+    "avg_pool2d": (
+        "pool",
+        _avg_pool(
+            "F.avg_pool2d", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"
+        ),
+    ),
     "adaptive_avg_pool2d": ("pool", _call("F.adaptive_avg_pool2d", "output_size")),
     # resampling
     "interpolate": ("resample", lambda a, at, s: _interpolate(a, at)),

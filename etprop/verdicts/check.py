@@ -21,15 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Optional
 
-from etprop.program import builder
-from etprop.program.quantize import QuantizationFailed
-from etprop.lowering import pipeline
-from etprop.verdicts import repro
-from etprop.lowering import reach, stages
-from etprop.program import coverage_space
-from etprop.program import spec as specmod
 from etprop.flows.base import Flow
+from etprop.lowering import pipeline, reach, stages
 from etprop.oracles import Verdict, differential
+from etprop.program import builder, coverage_space
+from etprop.program import spec as specmod
+from etprop.program.quantize import QuantizationFailed
+from etprop.verdicts import repro
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.signature import signature
 
@@ -46,7 +44,7 @@ class FlowResult:
     flow: str
     outcome: Outcome
     verdicts: list[Verdict] = field(default_factory=list)
-    known: Optional[str] = None   # id of the matching finding ("A+B": two causes)
+    known: Optional[str] = None  # id of the matching finding ("A+B": two causes)
     # How attribution ended, when it ran (session.ONE_CAUSE, TWO_CAUSES, JOINT_ONLY).
     attribution: str = ""
     seconds: dict = field(default_factory=dict)
@@ -129,22 +127,33 @@ class Artifacts:
 
     def record(self, result: ExampleResult) -> None:
         self.results_file.parent.mkdir(parents=True, exist_ok=True)
-        line = {"property": result.prop, "digest": specmod.digest(result.spec),
-                "ops": sorted({n["op"] for _, n in specmod.all_nodes(result.spec)}),
-                "nodes": specmod.count_ops(result.spec), "seconds": round(result.seconds, 3),
-                "executorch_seconds": round(result.executorch_seconds, 3),
-                "repro": str(result.repro) if result.repro else None,
-                "quantization": (result.spec.get("quantization") or {}).get("scheme"),
-                "item": self.item, "share": self.share,
-                **result.reach,
-                "coverage": sorted(coverage_space.key_text(key) for key in coverage_space.keys(result.spec)),
-                "flows": [{"flow": r.flow, "outcome": r.outcome.value, "known": r.known,
-                           **({"attribution": r.attribution} if r.attribution else {}),
-                           "message": r.message[:2000],
-                           # From the whole message: the stored one is cut short.
-                           "signature": signature(r.flow, r.outcome.value, r.message),
-                           **_quantized_patterns(r)}
-                          for r in result.results]}
+        line = {
+            "property": result.prop,
+            "digest": specmod.digest(result.spec),
+            "ops": sorted({n["op"] for _, n in specmod.all_nodes(result.spec)}),
+            "nodes": specmod.count_ops(result.spec),
+            "seconds": round(result.seconds, 3),
+            "executorch_seconds": round(result.executorch_seconds, 3),
+            "repro": str(result.repro) if result.repro else None,
+            "quantization": (result.spec.get("quantization") or {}).get("scheme"),
+            "item": self.item,
+            "share": self.share,
+            **result.reach,
+            "coverage": sorted(coverage_space.key_text(key) for key in coverage_space.keys(result.spec)),
+            "flows": [
+                {
+                    "flow": r.flow,
+                    "outcome": r.outcome.value,
+                    "known": r.known,
+                    **({"attribution": r.attribution} if r.attribution else {}),
+                    "message": r.message[:2000],
+                    # From the whole message: the stored one is cut short.
+                    "signature": signature(r.flow, r.outcome.value, r.message),
+                    **_quantized_patterns(r),
+                }
+                for r in result.results
+            ],
+        }
         with open(self.results_file, "a") as handle:
             handle.write(json.dumps(line) + "\n")
         self.keep_in_corpus(result)
@@ -155,25 +164,48 @@ class Artifacts:
         lowering again (benchmarks/mutation_score.py). Large outputs are left out."""
         import torch
 
-        flows = {r.flow: {"runtime": r.runtime, "cases": r.outputs} for r in result.results
-                 if r.outputs and sum(t.numel() for _, _, ts in r.outputs for t in ts
-                                      if isinstance(t, torch.Tensor)) <= CORPUS_MAX_ELEMENTS}
+        flows = {
+            r.flow: {"runtime": r.runtime, "cases": r.outputs}
+            for r in result.results
+            if r.outputs
+            and sum(t.numel() for _, _, ts in r.outputs for t in ts if isinstance(t, torch.Tensor))
+            <= CORPUS_MAX_ELEMENTS
+        }
         if not flows:
             return
         path = self.root / "corpus" / f"{result.prop}--{specmod.digest(result.spec)}.pt"
         path.parent.mkdir(parents=True, exist_ok=True)
-        entry = {"spec": result.spec, "property": result.prop, "recorded": time.time(),
-                 "seconds": result.seconds, "flows": flows}
+        entry = {
+            "spec": result.spec,
+            "property": result.prop,
+            "recorded": time.time(),
+            "seconds": result.seconds,
+            "flows": flows,
+        }
         if path.exists():  # the same program drawn for another flow: one entry, every flow's outputs
             try:
                 earlier = torch.load(path, weights_only=False)
-                entry.update(recorded=earlier["recorded"], seconds=earlier["seconds"],
-                             flows={**earlier["flows"], **flows})
+                entry.update(
+                    recorded=earlier["recorded"], seconds=earlier["seconds"], flows={**earlier["flows"], **flows}
+                )
             except Exception:
                 pass
         partial = path.with_suffix(f".{os.getpid()}.part")
         torch.save(entry, partial)
         partial.replace(path)
+
+
+def load_records(artifacts: str | Path) -> list[dict]:
+    """Every results line under ``artifacts/results/`` (what ``Artifacts.record``
+    wrote), in file order; a line cut short by a killed process is skipped."""
+    records = []
+    for path in sorted((Path(artifacts) / "results").glob("*.jsonl")):
+        for line in path.read_text().splitlines():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                continue
+    return records
 
 
 def _quantized_patterns(result: FlowResult) -> dict:
@@ -210,14 +242,19 @@ def _flow_result(flow: Flow, lowering: pipeline.Lowering, oracles: list[Oracle],
         verdicts.append(verdict)
     failed = [v for v in verdicts if not v.ok]
     outcome = failed[0].outcome if failed else Outcome.PASS
-    return FlowResult(flow.name, outcome, verdicts, seconds=dict(lowering.seconds),
-                      pte_sha256=hashlib.sha256(lowering.pte).hexdigest(),
-                      outputs=lowering.observed if outcome is Outcome.PASS else [], runtime=flow.runtime,
-                      facts=differential.facts(lowering))
+    return FlowResult(
+        flow.name,
+        outcome,
+        verdicts,
+        seconds=dict(lowering.seconds),
+        pte_sha256=hashlib.sha256(lowering.pte).hexdigest(),
+        outputs=lowering.observed if outcome is Outcome.PASS else [],
+        runtime=flow.runtime,
+        facts=differential.facts(lowering),
+    )
 
 
-def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
-                artifacts: Artifacts) -> ExampleResult:
+def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle], artifacts: Artifacts) -> ExampleResult:
     """Check one spec on ``flows`` (baseline first, when comparing). The
     result is not recorded yet: the caller attributes it, then ``finish``es it."""
     started = time.perf_counter()
@@ -229,9 +266,12 @@ def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
         if exc.stage == "export":
             raise pipeline.ExportFailed(str(exc)) from exc
         # No flow can lower a program PT2E did not produce: each gets the quantization layer's failure.
-        results = [FlowResult(name, Outcome.QUANTIZATION_ERROR,
-                              [Verdict.failed("quantization", str(exc), Outcome.QUANTIZATION_ERROR)])
-                   for name in flow_names]
+        results = [
+            FlowResult(
+                name, Outcome.QUANTIZATION_ERROR, [Verdict.failed("quantization", str(exc), Outcome.QUANTIZATION_ERROR)]
+            )
+            for name in flow_names
+        ]
         return ExampleResult(prop, spec, results, seconds=time.perf_counter() - started)
     try:
         with stages.timed("torch"):
@@ -242,9 +282,12 @@ def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
         # The float program exported (PT2E started from it): the quantization
         # layer made a program torch.export rejects.
         message = f"the converted (Q/DQ) program does not export: {exc}"
-        results = [FlowResult(name, Outcome.QUANTIZATION_ERROR,
-                              [Verdict.failed("quantization", message, Outcome.QUANTIZATION_ERROR)])
-                   for name in flow_names]
+        results = [
+            FlowResult(
+                name, Outcome.QUANTIZATION_ERROR, [Verdict.failed("quantization", message, Outcome.QUANTIZATION_ERROR)]
+            )
+            for name in flow_names
+        ]
         return ExampleResult(prop, spec, results, seconds=time.perf_counter() - started)
     lowerings = {}
     for index, flow in enumerate(flows):
@@ -259,22 +302,22 @@ def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
     example = ExampleResult(prop, spec, results)
     example.seconds = time.perf_counter() - started
     # Lowering stages plus oracle time (almost all of it running the program).
-    example.executorch_seconds = sum(
-        seconds for low in lowerings.values() for seconds in low.seconds.values())
+    example.executorch_seconds = sum(seconds for low in lowerings.values() for seconds in low.seconds.values())
     return example
 
 
-def run_example_by_name(spec: dict, flow_names: list[str], prop: str, oracles: list[Oracle],
-                        artifacts_root: str) -> ExampleResult:
+def run_example_by_name(
+    spec: dict, flow_names: list[str], prop: str, oracles: list[Oracle], artifacts_root: str
+) -> ExampleResult:
     """run_example with flows named, for worker processes (flows hold lambdas)."""
     from etprop import flows as flowreg
 
-    return run_example_measured(spec, [flowreg.get(n) for n in flow_names], prop, oracles,
-                                Artifacts(artifacts_root))
+    return run_example_measured(spec, [flowreg.get(n) for n in flow_names], prop, oracles, Artifacts(artifacts_root))
 
 
-def run_example_measured(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
-                         artifacts: Artifacts) -> ExampleResult:
+def run_example_measured(
+    spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle], artifacts: Artifacts
+) -> ExampleResult:
     """run_example under this process's reach meter (etprop/lowering/reach.py),
     when a campaign set one up: the result carries the branch arcs the
     example reached first, per component."""
@@ -292,7 +335,14 @@ def finish(example: ExampleResult, flow_names: list[str], artifacts: Artifacts) 
         artifacts.keep(example.spec, flow_names, example.prop, result)
         example.repro = artifacts.repro_path(example.prop, result.flow, result.outcome)
         if artifacts.smaller_than_recorded(example.repro, example.spec):
-            repro.write(example.repro, example.spec, flow_names, example.prop,
-                        result.outcome.value, result.message, script_flow=result.flow)
+            repro.write(
+                example.repro,
+                example.spec,
+                flow_names,
+                example.prop,
+                result.outcome.value,
+                result.message,
+                script_flow=result.flow,
+            )
     artifacts.record(example)
     artifacts.pending_path(example.spec, example.prop).unlink(missing_ok=True)

@@ -33,10 +33,10 @@ class Finding:
     title: str
     flows: tuple[str, ...]
     outcome: str
-    pattern: str            # regex searched in the failure message
-    repro: str              # path relative to findings/
+    pattern: str  # regex searched in the failure message
+    repro: str  # path relative to findings/
     upstream: str = "executorch==1.5.1"
-    note: str = ""          # the write-up, relative to findings/
+    note: str = ""  # the write-up, relative to findings/
     # The program must contain one of these ops, with one of these attributes
     # when given: a mismatch message alone does not say which op caused it.
     ops: tuple[str, ...] = ()
@@ -54,36 +54,50 @@ class Finding:
     def matches(self, flow: str, outcome: str, message: str, spec: Optional[dict] = None) -> bool:
         """Whether the failure looks like this finding: a nomination, to be
         proven by neutralizing the cause. Leads nominate nothing."""
-        if (self.status != "confirmed" or flow not in self.flows or outcome != self.outcome
-                or not re.search(self.pattern, message, re.S)):
+        if (
+            self.status != "confirmed"
+            or flow not in self.flows
+            or outcome != self.outcome
+            or not re.search(self.pattern, message, re.S)
+        ):
             return False
         return self.holds_conditions(spec)
 
     def holds_conditions(self, spec: Optional[dict]) -> bool:
         """Whether ``spec`` has what the signature asks of a program (the ops,
         attributes, parametrization or quantized computed weight), whatever it fails with."""
-        if self.quantized_computed_weight and not (spec is not None and spec.get("quantization") and any(
-                entry.get("parametrizations") for entry in spec["state"].values())):
+        if self.quantized_computed_weight and not (
+            spec is not None
+            and spec.get("quantization")
+            and any(entry.get("parametrizations") for entry in spec["state"].values())
+        ):
             return False
         if self.parametrization:
             return spec is not None and any(
                 p["type"] == self.parametrization and parametrized_rank(entry, p) == self.param_rank
-                for entry in spec["state"].values() for p in entry.get("parametrizations", []))
+                for entry in spec["state"].values()
+                for p in entry.get("parametrizations", [])
+            )
         if not self.ops:
             return True
         from etprop.program.spec import all_nodes
 
         return spec is not None and any(
             node["op"] in self.ops and (not self.attrs or any(a in node.get("attrs", {}) for a in self.attrs))
-            for _, node in all_nodes(spec))
+            for _, node in all_nodes(spec)
+        )
 
     @property
     def specificity(self) -> tuple:
         """How narrowly the finding's conditions pick programs: attribution
         tries the most specific cause first (a quantized computed weight
         before any program with a weight_norm)."""
-        return (bool(self.quantized_computed_weight or self.parametrization), bool(self.attrs),
-                bool(self.ops), -len(self.ops))
+        return (
+            bool(self.quantized_computed_weight or self.parametrization),
+            bool(self.attrs),
+            bool(self.ops),
+            -len(self.ops),
+        )
 
     @property
     def repro_path(self) -> Path:
@@ -94,9 +108,10 @@ def load() -> list[Finding]:
     if not INDEX.exists():
         return []
     entries = json.loads(INDEX.read_text())
-    return [Finding(**{**entry, **{k: tuple(entry[k]) for k in ("flows", "ops", "attrs", "neutralize")
-                                   if k in entry}})
-            for entry in entries]
+    return [
+        Finding(**{**entry, **{k: tuple(entry[k]) for k in ("flows", "ops", "attrs", "neutralize") if k in entry}})
+        for entry in entries
+    ]
 
 
 def lineage(flow: str) -> list[str]:
@@ -146,9 +161,15 @@ def causes_on(flow: str, spec: dict) -> list[Finding]:
     holds none can only fail in a way no finding explains."""
     findings = load()
     names = _flows_named_for(flow, findings)
-    return [finding for finding in findings
-            if finding.status == "confirmed" and finding.neutralize and any(name in finding.flows for name in names)
-            and finding.holds_conditions(spec) and neutralize(spec, list(finding.neutralize))[1]]
+    return [
+        finding
+        for finding in findings
+        if finding.status == "confirmed"
+        and finding.neutralize
+        and any(name in finding.flows for name in names)
+        and finding.holds_conditions(spec)
+        and neutralize(spec, list(finding.neutralize))[1]
+    ]
 
 
 def campaign_neutralization(spec: dict, flows: list[str]) -> tuple[dict, list[str]]:

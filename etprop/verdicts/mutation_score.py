@@ -28,8 +28,9 @@ def load_corpus(artifacts: Path, flows: set[str] | None) -> tuple[list[dict], Co
         if spec.get("quantization"):
             skipped["quantized"] += 1
             continue
-        if any(node["op"] == "buffer_update" and node.get("attrs", {}).get("in_place", True)
-               for _, node in all_nodes(spec)):
+        if any(
+            node["op"] == "buffer_update" and node.get("attrs", {}).get("in_place", True) for _, node in all_nodes(spec)
+        ):
             skipped["stateful (mutable buffers)"] += 1
             continue
         entry["flows"] = {f: v for f, v in entry["flows"].items() if not flows or f in flows}
@@ -54,14 +55,16 @@ class Program:
         self.spec = entry["spec"]
         self.dtype = self.spec.get("dtype", "float32")
         self.built = builder.build(self.spec, validate=False)
-        self.inputs = {(method, kind): inputs for method in self.built.methods
-                       for kind, inputs in self.built.input_cases(method)}
+        self.inputs = {
+            (method, kind): inputs for method in self.built.methods for kind, inputs in self.built.input_cases(method)
+        }
         self._wide: dict = {}
         self._shapes: dict | None = None
 
     def wide(self, built, method, kind) -> list:
-        return [t.double() if t.is_floating_point() else t
-                for t in built._wide(method, self.inputs[(method, kind)], True)]
+        return [
+            t.double() if t.is_floating_point() else t for t in built._wide(method, self.inputs[(method, kind)], True)
+        ]
 
     def original_wide(self, method, kind) -> list:
         if (method, kind) not in self._wide:
@@ -102,13 +105,17 @@ def mutated(program: Program, mutant, tried: list | None = None) -> tuple[object
             tried.append(variant)
         try:
             built = builder.build(variant)
-            changes = [(program.original_wide(method, kind), program.wide(built, method, kind))
-                       for method, kind in program.cases()]
+            changes = [
+                (program.original_wide(method, kind), program.wide(built, method, kind))
+                for method, kind in program.cases()
+            ]
         except Exception:
             continue
         same_shapes = all(len(b) == len(a) and all(x.shape == y.shape for x, y in zip(b, a)) for b, a in changes)
-        visible = any(len(b) != len(a) or any(mutants.visible(x, y, _dtype(program.dtype)) for x, y in zip(b, a))
-                      for b, a in changes)
+        visible = any(
+            len(b) != len(a) or any(mutants.visible(x, y, _dtype(program.dtype)) for x, y in zip(b, a))
+            for b, a in changes
+        )
         this = 0 if visible and same_shapes else 1 if visible else 2
         if this < rank:
             best, rank = (built, visible), this
@@ -158,14 +165,16 @@ def score(entries: list[dict], catalogue: list, limit: int | None, progress=None
     rows = []
     for mutant in catalogue:
         for dtype in filter(mutant.drawn_in, dtypes):
-            row = {"mutant": mutant, "dtype": dtype, "status": "never drawn", "held": 0, "programs": 0,
-                   "unbuilt": 0}
+            row = {"mutant": mutant, "dtype": dtype, "status": "never drawn", "held": 0, "programs": 0, "unbuilt": 0}
             for entry in entries:
                 if entry["spec"].get("dtype", "float32") != dtype or not mutant.applies_to(entry["spec"]):
                     continue
                 row["held"] += 1
-                if row["status"] == "killed" or (limit and row["programs"] >= limit) \
-                        or next(mutant.variants(entry["spec"]), None) is None:
+                if (
+                    row["status"] == "killed"
+                    or (limit and row["programs"] >= limit)
+                    or next(mutant.variants(entry["spec"]), None) is None
+                ):
                     continue
                 row["programs"] += 1
                 if entry["index"] not in programs:
@@ -188,7 +197,9 @@ def score(entries: list[dict], catalogue: list, limit: int | None, progress=None
                 row["status"] = "survived"
                 try:
                     flows = killed_by(program, built)
-                except Exception:  # its jittered reference does not run (an argument reset out of range): not killed here
+                except (
+                    Exception
+                ):  # its jittered reference does not run (an argument reset out of range): not killed here
                     continue
                 if flows:
                     row.update(status="killed", flows=flows, examples=entry["index"], seconds=entry["offset"])

@@ -18,9 +18,9 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
+from etprop.errors import UsageError
 from etprop.program import spec as specmod
 from etprop.program.builder import check_shapes, render_source
-from etprop.errors import UsageError
 
 FORMAT = "etprop-repro/1"
 # The published JSON Schema of repro files (etprop/program/schemas).
@@ -54,14 +54,29 @@ def atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def write(path: Path, spec: dict, flows: list[str], prop: str, outcome: Optional[str] = None,
-          message: str = "", script: bool = True, script_flow: Optional[str] = None,
-          shrink: Optional[dict] = None) -> Path:
+def write(
+    path: Path,
+    spec: dict,
+    flows: list[str],
+    prop: str,
+    outcome: Optional[str] = None,
+    message: str = "",
+    script: bool = True,
+    script_flow: Optional[str] = None,
+    shrink: Optional[dict] = None,
+) -> Path:
     """Write ``path`` (JSON) and, beside it, the standalone ``.py`` script
     lowering ``script_flow`` (default: the last flow). ``shrink``: how the
     spec was shrunk (whether it is 1-minimal)."""
-    record = {"format": FORMAT, "property": prop, "flows": flows, "outcome": outcome,
-              "message": message, "versions": versions(), "spec": spec}
+    record = {
+        "format": FORMAT,
+        "property": prop,
+        "flows": flows,
+        "outcome": outcome,
+        "message": message,
+        "versions": versions(),
+        "spec": spec,
+    }
     if shrink is not None:
         record["shrink"] = shrink
     atomic_write(path, json.dumps(record, indent=1, sort_keys=True))
@@ -77,11 +92,15 @@ def read(path: str | Path) -> dict:
     try:
         record = json.loads(path.read_text())
     except json.JSONDecodeError as exc:
-        raise UsageError(f"repro file '{path}' is not valid JSON ({exc.msg}, line {exc.lineno}); "
-                         "it may be truncated: take it again from the campaign's artifacts") from None
+        raise UsageError(
+            f"repro file '{path}' is not valid JSON ({exc.msg}, line {exc.lineno}); "
+            "it may be truncated: take it again from the campaign's artifacts"
+        ) from None
     if not isinstance(record, dict) or record.get("format") != FORMAT:
-        raise UsageError(f"'{path}' is not an etprop repro (format {record.get('format') if isinstance(record, dict) else None!r}, "
-                         f"expected {FORMAT!r})")
+        raise UsageError(
+            f"'{path}' is not an etprop repro (format {record.get('format') if isinstance(record, dict) else None!r}, "
+            f"expected {FORMAT!r})"
+        )
     check_record(record, str(path))
     return record
 
@@ -100,12 +119,14 @@ def check_record(record, where: str) -> None:
 def version_drift(record: dict) -> list[str]:
     """Packages whose version differs from the ones that made the repro."""
     now = versions()
-    return [f"{name} {old} (repro) vs {now.get(name, 'absent')} (here)"
-            for name, old in record.get("versions", {}).items()
-            if name != "etprop" and now.get(name) != old]
+    return [
+        f"{name} {old} (repro) vs {now.get(name, 'absent')} (here)"
+        for name, old in record.get("versions", {}).items()
+        if name != "etprop" and now.get(name) != old
+    ]
 
 
-_SCRIPT_TAIL = '''
+_SCRIPT_TAIL = """
 import base64
 import io
 import sys
@@ -222,15 +243,15 @@ def main():
 
 if __name__ == "__main__":
     main()
-'''
+"""
 
-STOCK_RUNNER = '''
+STOCK_RUNNER = """
 def make_runner(pte, program):
     from executorch.runtime import Runtime
 
     loaded = Runtime.get().load_program(pte)  # keep `pte` referenced: 1.5.1 does not
     return lambda name, args: list(loaded.load_method(name).execute(list(args)))
-'''
+"""
 
 _STANDALONE_DOC = '''"""Standalone repro made by etprop: flow {flow!r}.
 
@@ -272,7 +293,6 @@ def _embedded_cases(spec: dict, runtime: str) -> str:
 
     from etprop.oracles import equivalence, tolerance
     from etprop.program import builder
-
     from etprop.program.quantize import QuantizationFailed
 
     try:
@@ -285,13 +305,23 @@ def _embedded_cases(spec: dict, runtime: str) -> str:
     built.reset_state()
     for method, kind, inputs in equivalence.cases(built, sequence=sequence):
         reference = built.reference(method, inputs, restore=not sequence, ulps=ulps)
-        cases.append((method, kind, list(inputs), reference.expected, reference.wide, reference.jittered,
-                      reference.directional, reference.flips))
+        cases.append(
+            (
+                method,
+                kind,
+                list(inputs),
+                reference.expected,
+                reference.wide,
+                reference.jittered,
+                reference.directional,
+                reference.flips,
+            )
+        )
     built.reset_state()
     buffer = io.BytesIO()
     torch.save(cases, buffer)
     text = base64.b64encode(buffer.getvalue()).decode("ascii")
-    return "\n".join(f"    {text[i:i + 100]!r}," for i in range(0, len(text), 100))
+    return "\n".join(f"    {text[i : i + 100]!r}," for i in range(0, len(text), 100))
 
 
 def standalone_script(spec: dict, flow_name: str) -> str:
@@ -300,12 +330,25 @@ def standalone_script(spec: dict, flow_name: str) -> str:
     flow = flows.get(flow_name)
     recipe = flow.repro_recipe + (STOCK_RUNNER if flow.runtime == "executorch" else "")
     mutable = [n for n, e in spec["state"].items() if e["kind"] == "buffer" and e.get("mutable")]
-    dynamic = {name: [inp.get("dynamic", []) for inp in body["inputs"]]
-               for name, body in spec["methods"].items() if any(inp.get("dynamic") for inp in body["inputs"])}
-    return _STANDALONE_DOC.format(flow=flow_name) + render_source(spec) + _SCRIPT_TAIL.format(
-        flow=flow_name, recipe=recipe, mutable=mutable, quantization=spec.get("quantization"),
-        policy=_policy_source(), runtime=flow.runtime,
-        dynamic=dynamic, cases=_embedded_cases(spec, flow.runtime))
+    dynamic = {
+        name: [inp.get("dynamic", []) for inp in body["inputs"]]
+        for name, body in spec["methods"].items()
+        if any(inp.get("dynamic") for inp in body["inputs"])
+    }
+    return (
+        _STANDALONE_DOC.format(flow=flow_name)
+        + render_source(spec)
+        + _SCRIPT_TAIL.format(
+            flow=flow_name,
+            recipe=recipe,
+            mutable=mutable,
+            quantization=spec.get("quantization"),
+            policy=_policy_source(),
+            runtime=flow.runtime,
+            dynamic=dynamic,
+            cases=_embedded_cases(spec, flow.runtime),
+        )
+    )
 
 
 def etprop_script(record: dict, name: str) -> str:

@@ -25,15 +25,22 @@ from hypothesis import assume, event, note, target
 from hypothesis.control import currently_in_test_context
 
 from etprop.lowering import stages
-from etprop.verdicts import known_findings
-from etprop.verdicts.check import (Artifacts, ExampleResult, FlowResult, Oracle, finish, run_example_by_name,
-                                   run_example_measured)
 from etprop.lowering.isolation import Worker, WorkerDied, WorkerError
+from etprop.lowering.pipeline import ExportFailed
 from etprop.oracles import OracleFailure, Verdict
+from etprop.program.spec import digest as specdigest
+from etprop.verdicts import known_findings
+from etprop.verdicts.check import (
+    Artifacts,
+    ExampleResult,
+    FlowResult,
+    Oracle,
+    finish,
+    run_example_by_name,
+    run_example_measured,
+)
 from etprop.verdicts.outcomes import Outcome
 from etprop.verdicts.signature import signature
-from etprop.program.spec import digest as specdigest
-from etprop.lowering.pipeline import ExportFailed
 
 WORKER_PRELOAD = ["etprop.verdicts.worker_preload"]
 _FAILURE_TYPES: dict[Outcome, type] = {}
@@ -144,8 +151,10 @@ def _failure_identity(result: FlowResult) -> tuple:
 def _explains(finding, left: FlowResult, neutralized_spec: dict) -> bool:
     """Whether ``finding`` is nominated for the failure ``left`` by a run of
     ``neutralized_spec`` (the pair rule of Session._which)."""
-    return left.outcome.is_failure and any(f.id == finding.id for f in known_findings.nominate(
-        left.flow, left.outcome.value, left.message, neutralized_spec))
+    return left.outcome.is_failure and any(
+        f.id == finding.id
+        for f in known_findings.nominate(left.flow, left.outcome.value, left.message, neutralized_spec)
+    )
 
 
 def _failed_everywhere(spec, names, prop, outcome: Outcome, oracle: str, message: str) -> ExampleResult:
@@ -160,8 +169,11 @@ class Session:
         self.failed: set[tuple] = set()
         self.confirmed: set[tuple] = set()
         self.isolated = isolation_enabled() if isolated is None else isolated
-        self.flow_modules = flow_modules if flow_modules is not None else \
-            [m for m in os.environ.get("ETPROP_FLOW_MODULE", "").split(",") if m]
+        self.flow_modules = (
+            flow_modules
+            if flow_modules is not None
+            else [m for m in os.environ.get("ETPROP_FLOW_MODULE", "").split(",") if m]
+        )
         self._worker = Worker(self.flow_modules, WORKER_PRELOAD) if self.isolated else None
         self._judged: set[tuple] | None = None
 
@@ -220,8 +232,7 @@ class Session:
         try:
             first = self._run(spec, flows, prop, oracles, record_export_failure=False)
         except ExportFailed as exc:
-            first = _failed_everywhere(spec, [f.name for f in flows], prop, Outcome.EXPORT_ERROR, "generator",
-                                       str(exc))
+            first = _failed_everywhere(spec, [f.name for f in flows], prop, Outcome.EXPORT_ERROR, "generator", str(exc))
         result = self._attribute(spec, flows, prop, oracles, first)
         unexplained = [r for r in result.results if r.outcome is Outcome.EXPORT_ERROR and not r.known]
         if unexplained:
@@ -243,8 +254,14 @@ class Session:
                 return run_example_measured(spec, flows, prop, oracles, self.artifacts)
             worker = worker or self._worker
             try:
-                return worker.call(run_example_by_name, spec=spec, flow_names=names, prop=prop, oracles=oracles,
-                                   artifacts_root=str(self.artifacts.root))
+                return worker.call(
+                    run_example_by_name,
+                    spec=spec,
+                    flow_names=names,
+                    prop=prop,
+                    oracles=oracles,
+                    artifacts_root=str(self.artifacts.root),
+                )
             except WorkerError as exc:
                 if exc.type_name == "ExportFailed":
                     raise ExportFailed(str(exc)) from None
@@ -270,10 +287,16 @@ class Session:
         outcome = Outcome.CRASH if died.kind == "crash" else Outcome.TIMEOUT
         message = f"{died.kind}: {died.detail} in {stages.describe(died.stage)}"
         culprit = died.stage.get("flow") or names[-1]
-        results = [FlowResult(name, outcome, [Verdict.failed("isolation", message, outcome)]) if name == culprit
-                   else FlowResult(name, Outcome.NOT_RUN, [Verdict.failed(
-                       "isolation", f"not run: the worker died ({message})", Outcome.NOT_RUN)])
-                   for name in names]
+        results = [
+            FlowResult(name, outcome, [Verdict.failed("isolation", message, outcome)])
+            if name == culprit
+            else FlowResult(
+                name,
+                Outcome.NOT_RUN,
+                [Verdict.failed("isolation", f"not run: the worker died ({message})", Outcome.NOT_RUN)],
+            )
+            for name in names
+        ]
         return ExampleResult(prop, spec, results)
 
     def _attribute(self, spec, flows, prop, oracles, result: ExampleResult, depth: int = 0) -> ExampleResult:
@@ -285,8 +308,11 @@ class Session:
         gone, or has turned into another one, is known; another failure of the
         neutralized spec that no finding explains is kept as a follow-up
         example, recorded and reported on its own."""
-        nominated = {r.flow: known_findings.nominate(r.flow, r.outcome.value, r.message, spec)
-                     for r in result.results if r.outcome.is_failure}
+        nominated = {
+            r.flow: known_findings.nominate(r.flow, r.outcome.value, r.message, spec)
+            for r in result.results
+            if r.outcome.is_failure
+        }
         nominated = {flow: found for flow, found in nominated.items() if found}
         findings = list({f.id: f for found in nominated.values() for f in found}.values())
         if not findings or depth > 2:
@@ -296,9 +322,14 @@ class Session:
             return result
         _label("attribution: neutralized " + ", ".join(f.id for f in findings))
         try:
-            again = self._attribute(neutral, flows, prop, oracles,
-                                    self._run(neutral, flows, prop, oracles, record_export_failure=False),
-                                    depth + 1)
+            again = self._attribute(
+                neutral,
+                flows,
+                prop,
+                oracles,
+                self._run(neutral, flows, prop, oracles, record_export_failure=False),
+                depth + 1,
+            )
         except ExportFailed:
             # The neutralization made a program torch.export rejects: no
             # evidence either way, so the failure stays unattributed (new).
@@ -314,8 +345,7 @@ class Session:
             if not other.known and _persists(other, flow_result, found):
                 self.artifacts.pending_path(spec, prop).unlink(missing_ok=True)
                 return again
-            flow_result.known = self._which(spec, flows, prop, oracles, index, flow_result, found, alone_runs,
-                                            again)
+            flow_result.known = self._which(spec, flows, prop, oracles, index, flow_result, found, alone_runs, again)
         # What the neutralized run's own attribution left after neutralizing
         # a further cause: recorded one level down only, so lift it here.
         nested, again.followups = again.followups, []
@@ -329,8 +359,9 @@ class Session:
         result.followups.extend(nested)
         return result
 
-    def _which(self, spec, flows, prop, oracles, index: int, failure, found: list, alone_runs: dict,
-               joint: ExampleResult) -> Optional[str]:
+    def _which(
+        self, spec, flows, prop, oracles, index: int, failure, found: list, alone_runs: dict, joint: ExampleResult
+    ) -> Optional[str]:
         """Which nominated finding explains a failure that their causes,
         neutralized together (``joint``), made go; None when neither one nor
         two of them do, and the failure is new.
@@ -361,14 +392,19 @@ class Session:
                 return finding.id
             left[finding.id] = (other, run.spec)
         for first, second in itertools.combinations(ordered, 2):
-            if not (first.id in left and second.id in left
-                    and _failure_identity(left[first.id][0]) != _failure_identity(left[second.id][0])
-                    and _explains(second, *left[first.id]) and _explains(first, *left[second.id])):
+            if not (
+                first.id in left
+                and second.id in left
+                and _failure_identity(left[first.id][0]) != _failure_identity(left[second.id][0])
+                and _explains(second, *left[first.id])
+                and _explains(first, *left[second.id])
+            ):
                 continue
             key = "+".join(sorted((first.id, second.id)))
             if key not in alone_runs:
-                alone_runs[key] = joint if len(found) == 2 else \
-                    self._run_alone(spec, flows, prop, oracles, [first, second])
+                alone_runs[key] = (
+                    joint if len(found) == 2 else self._run_alone(spec, flows, prop, oracles, [first, second])
+                )
             if alone_runs[key] is None:
                 continue
             both = alone_runs[key].results[index]
@@ -407,12 +443,23 @@ class Session:
         signatures = {tuple(_signature(r)) for r in (first, again, fresh)}
         if len(signatures) == 1:
             return first
-        outcomes = " / ".join(", ".join(f"{r.flow}: {r.outcome.value}" for r in run.results)
-                              for run in (first, again, fresh))
-        results = [FlowResult(r.flow, Outcome.NONDETERMINISTIC,
-                              [Verdict.failed("determinism", f"identical runs disagree (first / same process / "
-                                                             f"fresh process): {outcomes}", Outcome.NONDETERMINISTIC)])
-                   for r in first.results]
+        outcomes = " / ".join(
+            ", ".join(f"{r.flow}: {r.outcome.value}" for r in run.results) for run in (first, again, fresh)
+        )
+        results = [
+            FlowResult(
+                r.flow,
+                Outcome.NONDETERMINISTIC,
+                [
+                    Verdict.failed(
+                        "determinism",
+                        f"identical runs disagree (first / same process / fresh process): {outcomes}",
+                        Outcome.NONDETERMINISTIC,
+                    )
+                ],
+            )
+            for r in first.results
+        ]
         return ExampleResult(prop, spec, results)
 
     def check(self, spec: dict, flows: list, prop: str, oracles: list[Oracle]) -> ExampleResult | None:
@@ -437,18 +484,25 @@ class Session:
         # A follow-up (a new failure of the neutralized spec) is confirmed like
         # any other; one that does not recur stays recorded as nondeterministic
         # (never retried away), but only a confirmed one fails the property.
-        result.followups = [self._confirm(f.spec, flows, prop, oracles, f) if f.new_failures else f
-                            for f in result.followups]
+        result.followups = [
+            self._confirm(f.spec, flows, prop, oracles, f) if f.new_failures else f for f in result.followups
+        ]
         self._finish(result, flows)
         if result.reach and currently_in_test_context():
             # Hypothesis's targeted phase climbs toward programs that reach
             # lowering code the process had not reached (etprop/lowering/reach.py).
             target(float(sum(result.reach["new_arcs"].values())), label="new lowering arcs")
         for flow_result in result.results:
-            _label(f"{flow_result.flow}: {flow_result.outcome.value}"
-                  + (f" (known {flow_result.known})" if flow_result.known else ""))
-        failures = result.new_failures or [r for followup in result.followups for r in followup.new_failures
-                                           if r.outcome is not Outcome.NONDETERMINISTIC]
+            _label(
+                f"{flow_result.flow}: {flow_result.outcome.value}"
+                + (f" (known {flow_result.known})" if flow_result.known else "")
+            )
+        failures = result.new_failures or [
+            r
+            for followup in result.followups
+            for r in followup.new_failures
+            if r.outcome is not Outcome.NONDETERMINISTIC
+        ]
         if failures:
             self.failed.add(key)
             first = failures[0]

@@ -31,7 +31,7 @@ def signature(flow: str, outcome: str, message: str) -> str:
         kind = _DIFFERENCE.search(message)
         detail = kind.group(1) if kind else "differ"
     else:
-        verdict = message.split("; [")[0][head.end() if head else 0:]
+        verdict = message.split("; [")[0][head.end() if head else 0 :]
         # The exception's line and the innermost function the message names.
         lines = verdict.strip(" :").splitlines() or [""]
         # The frame that raised: the last one before the traceback's closing

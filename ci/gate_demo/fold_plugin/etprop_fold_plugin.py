@@ -9,5 +9,8 @@ import dataclasses
 from etprop.candidates.xnnpack_fold import XNNPACK_FOLD
 from etprop.flows import register
 
-FLOW = register(dataclasses.replace(XNNPACK_FOLD, name="xnnpack+fold-pkg",
-                                    description="xnnpack+fold installed as an outside package"))
+FLOW = register(
+    dataclasses.replace(
+        XNNPACK_FOLD, name="xnnpack+fold-pkg", description="xnnpack+fold installed as an outside package"
+    )
+)
