@@ -12,7 +12,8 @@ from etprop.lowering import reach
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
-    with reach.measured(item.nodeid):
+    # The test's file by absolute path: benchmarks/sut_mutation.py runs it again from anywhere.
+    with reach.measured(f"{item.path}::{item.nodeid.partition('::')[2]}"):
         yield
 
 

@@ -12,7 +12,7 @@ if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip
   # torch first, pinned: this machine serves the 2.13.0 CPU build from disk.
   "$venv/bin/python" -m pip install -q "torch==2.13.0"
-  "$venv/bin/python" -m pip install -q -e "$root[coreai,redis,models,dev]"
+  "$venv/bin/python" -m pip install -q -e "$root[coreai,redis,models,dev,mutation]"
   echo "$want" > "$stamp"
 fi
 export PATH="$venv/bin:$PATH"

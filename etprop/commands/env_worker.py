@@ -101,6 +101,7 @@ def run_one(session, request: dict) -> dict:
             known=flow_result.known,
             message=flow_result.message,
             facts=flow_result.facts,
+            pte_sha256=flow_result.pte_sha256,
             oracles=[{"oracle": v.oracle, "ok": v.ok, "message": str(v)} for v in flow_result.verdicts],
             repro=str(result.repro) if result.repro else None,
         )

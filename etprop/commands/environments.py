@@ -127,11 +127,20 @@ def _install(pip: list[str], requirements: list[str]) -> None:
 class Environment:
     """etprop's worker running in another Python environment."""
 
-    def __init__(self, python: str, label: str, artifacts: Path, flow_modules: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        python: str,
+        label: str,
+        artifacts: Path,
+        flow_modules: tuple[str, ...] = (),
+        extra_env: Optional[dict] = None,
+    ):
         # Absolute, not resolved: a virtual environment's python is a symlink out of it.
         self.python = os.path.abspath(python) if os.sep in python else (shutil.which(python) or python)
         self.label, self.artifacts = label, Path(artifacts)
         self.flow_modules = list(flow_modules)
+        # Variables the worker's environment gets on top of this process's (a mutant to shadow in).
+        self.extra_env = dict(extra_env or {})
         self.versions: dict = {}
         self.flows: dict = {}
         self.runtimes: dict = {}
@@ -162,6 +171,7 @@ class Environment:
             bufsize=1,
             cwd=self.artifacts,
             start_new_session=True,
+            env={**os.environ, **self.extra_env},
         )
         threading.Thread(target=self._read, args=(self._process.stdout, self._lines), daemon=True).start()
         first = self._receive(START_SECONDS)
