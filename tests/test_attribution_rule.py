@@ -27,10 +27,10 @@ def _finding(name: str) -> known_findings.Finding:
     )
 
 
-def _mismatch(output: int) -> FlowResult:
+def _mismatch(output: int, got: str) -> FlowResult:
     message = (
         f"[eager equivalence] FAILED (mismatch): method 'forward', default inputs: output {output} (3, 8): "
-        f"5 / 24 elements differ"
+        f"5 / 24 elements differ; worst at (0, 1): eager 1.5, got {got}, allowed difference 0.01"
     )
     return FlowResult(FLOW, Outcome.MISMATCH, [Verdict.failed("eager equivalence", message, Outcome.MISMATCH)])
 
@@ -39,9 +39,9 @@ class Model:
     """Programs as the causes they hold. ``wrong`` maps a cause to the output it
     spoils; the planted fault spoils output 0 until every cause is rewritten."""
 
-    def __init__(self, monkeypatch, session: Session, findings: list, wrong: dict, planted: bool):
+    def __init__(self, monkeypatch, session: Session, findings: list, wrong: dict, planted: bool, masks=()):
         self.findings = {f.id: f for f in findings}
-        self.wrong, self.planted, self.runs = wrong, planted, []
+        self.wrong, self.planted, self.masks, self.runs = wrong, planted, set(masks), []
         monkeypatch.setattr(known_findings, "nominate", self.nominate)
         monkeypatch.setattr(known_findings, "neutralized", self.neutralized)
         monkeypatch.setattr(session, "_run", self.run)
@@ -62,11 +62,19 @@ class Model:
         return {"causes": causes, "planted": spec["planted"] and not every_one_gone}, len(spec["causes"]) - len(causes)
 
     def result(self, spec) -> ExampleResult:
-        spoiled = sorted(
-            {self.wrong[c] for c in spec["causes"] if c in self.wrong} | ({0} if spec["planted"] else set())
-        )
-        flow = _mismatch(spoiled[0]) if spoiled else FlowResult(FLOW, Outcome.PASS, [])
-        return ExampleResult("mixed", spec, [flow])
+        """The first spoiled output's mismatch; its worst value says what
+        spoils it (a masking cause first: ``masks`` hides the others there)."""
+        at: dict[int, list[str]] = {}
+        for cause in spec["causes"]:
+            if cause in self.wrong:
+                at.setdefault(self.wrong[cause], []).append(cause)
+        if spec["planted"]:
+            at.setdefault(0, []).append("planted")
+        if not at:
+            return ExampleResult("mixed", spec, [FlowResult(FLOW, Outcome.PASS, [])])
+        output = min(at)
+        masking = [c for c in at[output] if c in self.masks]
+        return ExampleResult("mixed", spec, [_mismatch(output, "+".join(masking or sorted(at[output])))])
 
     def run(self, spec, flows, prop, oracles, worker=None, record_export_failure=True):
         self.runs.append(spec["causes"])
@@ -122,3 +130,13 @@ def test_two_causes_that_each_leave_the_same_failure_do_not_explain_it(session, 
     model = Model(monkeypatch, session, findings, wrong={"A": 1, "B": 2}, planted=True)
     (flow,) = model.attribute(session).results
     assert flow.known is None and flow.attribution == JOINT_ONLY
+
+
+def test_a_cause_masking_another_on_the_same_output_names_both(session, monkeypatch):
+    """A zeroes output 0, hiding B's small error there (a wrong quantized GEMM
+    before a GELU computed another way): removing B changes nothing visible,
+    removing A leaves B's error, removing both clears it."""
+    findings = [_finding(name) for name in ("A", "B")]
+    model = Model(monkeypatch, session, findings, wrong={"A": 0, "B": 0}, planted=False, masks={"A"})
+    (flow,) = model.attribute(session).results
+    assert (flow.known, flow.attribution) == ("A+B", TWO_CAUSES)

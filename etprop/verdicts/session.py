@@ -139,13 +139,25 @@ def _persists(other: FlowResult, failure: FlowResult, found: list) -> bool:
 
 
 _LOCATION = re.compile(r"method '([^']*)'.*?output (\d+)", re.S)
+_WORST = re.compile(r"worst at \(([^)]*)\): eager ([^,]+), got ([^,;]+)")
 
 
 def _failure_identity(result: FlowResult) -> tuple:
     """What tells two failures of one flow apart: the signature, and for a
-    mismatch the method and output (a signature keeps only the kind of difference)."""
-    place = _LOCATION.search(result.message) if result.outcome is Outcome.MISMATCH else None
-    return (signature(result.flow, result.outcome.value, result.message), place.groups() if place else None)
+    mismatch the method, the output and its worst element with both values (a
+    signature keeps only the kind of difference)."""
+    if result.outcome is not Outcome.MISMATCH:
+        return (signature(result.flow, result.outcome.value, result.message),)
+    place, worst = _LOCATION.search(result.message), _WORST.search(result.message)
+    return (place.groups() if place else None, worst.groups() if worst else None)
+
+
+def _acts(failure: FlowResult, without_first: FlowResult, without_second: FlowResult) -> bool:
+    """Whether removing one of two causes changes what fails: then that cause
+    acts, and the other acts if removing both clears what is left. A failure
+    left unchanged by either removal is a third thing, not these two."""
+    original = _failure_identity(failure)
+    return original != _failure_identity(without_first) or original != _failure_identity(without_second)
 
 
 def _explains(finding, left: FlowResult, neutralized_spec: dict) -> bool:
@@ -371,10 +383,10 @@ class Session:
         ``alone_runs`` keeps each single neutralization's run for the
         example's other flows). Two findings ("A+B") only when each alone
         leaves a failure that the other explains (nominated for it, and gone
-        with both causes removed), and the two left failures differ: one
-        failure left the same by either removal is a third thing, not these two. Many rewrites at once change so
-        much of a program that almost any failure goes, so a joint
-        disappearance alone explains nothing."""
+        with both causes removed), and removing one of them changes what
+        fails (``_acts``). Many rewrites at once change so much of a program
+        that almost any failure goes, so a joint disappearance alone explains
+        nothing."""
         ordered = sorted(found, key=lambda f: f.specificity, reverse=True)
         left: dict = {}
         for finding in ordered:
@@ -395,7 +407,7 @@ class Session:
             if not (
                 first.id in left
                 and second.id in left
-                and _failure_identity(left[first.id][0]) != _failure_identity(left[second.id][0])
+                and _acts(failure, left[first.id][0], left[second.id][0])
                 and _explains(second, *left[first.id])
                 and _explains(first, *left[second.id])
             ):
