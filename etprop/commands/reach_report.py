@@ -100,7 +100,9 @@ class ReachSection:
         rows = "".join(
             f"<tr><td>{esc(name)}</td><td>{c.branches_reached} / {c.branches}</td>"
             f"<td>{c.lines_reached} / {c.lines}</td><td>"
-            + "<br>".join(f"<code>{esc(f)}</code> ({n})" for n, f in self.unreached.get(name, [])[:5])
+            + "<br>".join(
+                f'<code style="word-break:break-all">{esc(f)}</code> ({n})' for n, f in self.unreached.get(name, [])[:5]
+            )
             + "</td></tr>"
             for name, c in self.components.items()
         )
@@ -129,10 +131,19 @@ class ReachSection:
             f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" stroke="#333"/>',
             f'<line x1="{left}" y1="{top}" x2="{left}" y2="{top + plot_h}" stroke="#333"/>',
             f'<text x="{left + plot_w / 2}" y="{height - 8}" text-anchor="middle" font-size="12">'
-            f"minutes ({span_x:.1f})</text>",
+            "minutes since the first example</text>",
             f'<text x="14" y="{top + plot_h / 2}" font-size="12" transform="rotate(-90 14 {top + plot_h / 2})" '
-            f'text-anchor="middle">branch arcs reached (max {span_y})</text>',
+            'text-anchor="middle">branch arcs reached</text>',
         ]
+        for fraction in (0.0, 0.5, 1.0):
+            x, y = left + fraction * plot_w, top + plot_h - fraction * plot_h
+            parts.append(
+                f'<text x="{x:.0f}" y="{top + plot_h + 14}" font-size="10" text-anchor="middle">'
+                f"{fraction * span_x:.1f}</text>"
+            )
+            parts.append(
+                f'<text x="{left - 4}" y="{y + 3:.0f}" font-size="10" text-anchor="end">{fraction * span_y:.0f}</text>'
+            )
         for index, (name, points) in enumerate(series.items()):
             colour = (
                 _COLOURS[list(reach.COMPONENTS).index(name) % len(_COLOURS)]
