@@ -140,3 +140,24 @@ def test_a_cause_masking_another_on_the_same_output_names_both(session, monkeypa
     model = Model(monkeypatch, session, findings, wrong={"A": 0, "B": 0}, planted=False, masks={"A"})
     (flow,) = model.attribute(session).results
     assert (flow.known, flow.attribution) == ("A+B", TWO_CAUSES)
+
+
+def test_the_summary_counts_how_attribution_ended():
+    from etprop.commands.report import Summary
+
+    def record(*attributions):
+        return {
+            "property": "mixed",
+            "digest": "d",
+            "flows": [
+                {"flow": FLOW, "outcome": "mismatch", "known": None, "message": "m", "attribution": a}
+                for a in attributions
+            ],
+        }
+
+    summary = Summary([record(ONE_CAUSE, TWO_CAUSES), record(JOINT_ONLY, ONE_CAUSE), record()])
+    line = summary.attribution_text()
+    assert "4 failing flow results attributed" in line and "more than one cause needed in 2 (50%)" in line
+    assert "2 one cause" in line and "1 two causes" in line and f"1 {JOINT_ONLY}" in line
+    assert line in summary.text()
+    assert Summary([record()]).attribution_text() == ""

@@ -128,6 +128,8 @@ def test_a_campaign_shrinks_places_and_reports_its_defect(tmp_path):
     # recorded finding, where this test wants only the planted one.
     result = etprop(
         "fuzz",
+        "--reach-every",
+        "0",
         "--flow-module",
         BROKEN,
         "--flows",
@@ -174,6 +176,8 @@ def test_a_campaign_ends_within_its_budget_when_an_example_never_finishes(tmp_pa
     began = time.time()
     result = etprop(
         "fuzz",
+        "--reach-every",
+        "0",
         "--flow-module",
         SLOW,
         "--flows",
@@ -206,6 +210,8 @@ def test_a_round_that_outlasts_the_budget_leaves_the_triage_share(tmp_path):
     began = time.time()
     result = etprop(
         "fuzz",
+        "--reach-every",
+        "0",
         "--flow-module",
         BROKEN,
         "--flow-module",
@@ -300,6 +306,8 @@ def test_two_fuzz_processes_share_one_redis_database(tmp_path, redis_url):
     """Shard 0 finds a failure and stores it; shard 1 (other seeds) replays it first."""
     common = [
         "fuzz",
+        "--reach-every",
+        "0",
         "--flow-module",
         BROKEN,
         "--flows",
@@ -678,8 +686,9 @@ def test_rounds_give_large_shares_slices_and_keep_every_item_within_one_slice(mo
 
 def test_another_campaign_seed_draws_other_programs(tmp_path):
     """The same code and seed draw the same programs (a campaign reproduces);
-    ``--seed`` moves every round to other seeds, and seed 0 keeps the seeds
-    campaigns have always had."""
+    ``--seed`` moves every round to other seeds, seed 0 keeps the seeds
+    campaigns have always had, and without ``--seed`` each campaign draws a
+    seed of its own, so two in a row draw different programs."""
     from etprop.commands import campaign, cli
 
     def seeds(*extra):
@@ -689,8 +698,9 @@ def test_another_campaign_seed_draws_other_programs(tmp_path):
             next(arg for arg in run._pytest_command(index, 1) if arg.startswith("--etprop-seed=")) for index in range(3)
         ]
 
-    default = seeds()
-    assert default == seeds("--seed", "0") and len(set(default)) == 3
-    assert default[0] == f"--etprop-seed={campaign.round_seed((0, 1), 0)}"
+    zero = seeds("--seed", "0")
+    assert len(set(zero)) == 3 and zero[0] == f"--etprop-seed={campaign.round_seed((0, 1), 0)}"
     other = seeds("--seed", "7")
-    assert not set(other) & set(default) and other == seeds("--seed", "7")
+    assert not set(other) & set(zero) and other == seeds("--seed", "7")
+    first, second = seeds(), seeds()
+    assert first != second and not set(first) & set(zero), "two campaigns in a row drew the same programs"

@@ -312,3 +312,8 @@ def test_the_installed_wheel_runs_a_campaign_outside_the_checkout(installed_whee
         json.loads(line) for path in (artifacts / "results").glob("*.jsonl") for line in path.read_text().splitlines()
     ]
     assert records and all(r["property"] == "mixed" for r in records)
+    # The reach meter runs by default, in the installed package too.
+    assert all("new_arcs" in r for r in records), "an example of the campaign was not measured"
+    assert "reach (branches of the lowering code run" in result.stdout, result.stdout[-3000:]
+    reached = json.loads((artifacts / "reports" / "coverage.json").read_text())["reach"]["components"]
+    assert reached["xnnpack passes"]["branches"] > 0 and reached["exir passes"]["branches_reached"] > 0

@@ -48,7 +48,8 @@ EXAMPLE_MARGIN_SECONDS = 60
 # reports are written inside the budget.
 REPORT_SECONDS = 15
 # With the reach meter on, the reports also combine and read its data
-# (some 30 s for a 30-minute campaign here): the rounds stop that much earlier.
+# (some 30 s for a 30-minute campaign here): the rounds stop that much earlier
+# (a twentieth of a shorter budget).
 REACH_REPORT_SECONDS = 45
 # The reach meter (etprop/lowering/reach.py) measures one example in this many
 # by default (benchmarks/reach_overhead.py measures what it costs).
@@ -235,7 +236,8 @@ class Campaign:
         chosen = [flowreg.get_available(n).name for n in names] or [f.name for f in flowreg.available_flows()]
         if args.workers < 1:
             raise UsageError("--workers must be at least 1")
-        if args.reach_every < 0:
+        reach_every = REACH_EVERY if args.reach_every is None else args.reach_every
+        if reach_every < 0:
             raise UsageError("--reach-every must be 0 (meter off) or more")
         seed = args.seed if args.seed is not None else secrets.randbelow(2**31)
         return cls(
@@ -424,7 +426,7 @@ class Campaign:
         self.artifacts.mkdir(parents=True, exist_ok=True)
         started = time.time()
         deadline = started + self.minutes * 60
-        stop = deadline - REPORT_SECONDS - (REACH_REPORT_SECONDS if self.reach_every else 0)
+        stop = deadline - REPORT_SECONDS - (min(REACH_REPORT_SECONDS, self.minutes * 3) if self.reach_every else 0)
         margin = self._margin = min(EXAMPLE_MARGIN_SECONDS, self.minutes * 6)
         triage_budget, triage_spent = self.minutes * 60 * TRIAGE_SHARE, 0.0
         print(

@@ -107,10 +107,8 @@ def cmd_replay(args) -> int:
 
 
 def cmd_fuzz(args) -> int:
-    from etprop.commands.campaign import REACH_EVERY, Campaign
+    from etprop.commands.campaign import Campaign
 
-    if args.reach_every is None:
-        args.reach_every = REACH_EVERY
     return Campaign.from_args(args).run()
 
 
