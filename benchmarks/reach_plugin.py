@@ -13,7 +13,8 @@ from etprop.lowering import reach
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_call(item):
     # The test's file by absolute path: benchmarks/sut_mutation.py runs it again from anywhere.
-    with reach.measured(f"{item.path}::{item.nodeid.partition('::')[2]}"):
+    # The whole call is one window: a test exports, quantizes, lowers and runs in one go.
+    with reach.measured(f"{item.path}::{item.nodeid.partition('::')[2]}"), reach.measuring():
         yield
 
 

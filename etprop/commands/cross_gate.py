@@ -31,6 +31,7 @@ from typing import Optional
 from etprop.commands.compare import compare, improved
 from etprop.commands.environments import Environment, EnvironmentFailed, OutOfTime
 from etprop.errors import UsageError
+from etprop.lowering import reach
 from etprop.oracles import differential
 from etprop.program import spec as specmod
 from etprop.strategies import coverage_corpus as coverage
@@ -440,8 +441,18 @@ def run_cross_gate(args) -> int:
         )
     if artifacts.exists() and any(artifacts.iterdir()):
         raise UsageError(f"'{artifacts}' is not empty; give the gate a fresh --artifacts directory")
-    baseline = Environment(args.baseline_env, "baseline", artifacts / "baseline", tuple(args.flow_module))
-    candidate = Environment(args.candidate_env, "candidate", artifacts / "candidate", tuple(args.flow_module))
+    # Each environment's workers meter the lowering code they run (etprop/lowering/reach.py):
+    # `etprop coverage combine ARTIFACTS/baseline` reads what the gate reached there.
+    baseline, candidate = (
+        Environment(
+            python,
+            label,
+            artifacts / label,
+            tuple(args.flow_module),
+            extra_env={reach.ENV: str((artifacts / label / "reach").resolve())},
+        )
+        for python, label in ((args.baseline_env, "baseline"), (args.candidate_env, "candidate"))
+    )
     with baseline, candidate:
         return _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidate_flow)
 

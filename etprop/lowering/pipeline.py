@@ -16,7 +16,7 @@ from typing import Any, Optional
 import torch
 
 from etprop.flows.base import Flow
-from etprop.lowering import stages
+from etprop.lowering import reach, stages
 from etprop.program.builder import BuiltProgram
 from etprop.program.spec import all_nodes
 from etprop.verdicts.outcomes import Outcome
@@ -140,7 +140,7 @@ def lower(built: BuiltProgram, flow: Flow, exported: Optional[dict] = None) -> L
             exported = export_program(built)
     lowering = Lowering(flow=flow, built=built, exported=exported)
     lowering.seconds["export"] = time.perf_counter() - started
-    with flow.context(), stages.timed("executorch"):
+    with flow.context(), stages.timed("executorch"), reach.measuring():
         stage = "lowering"
         try:
             stages.enter("lowering", flow.name)

@@ -107,6 +107,7 @@ class Meter:
         name = f"{DATA_PREFIX}.{socket.gethostname()}.{os.getpid()}"
         self.coverage = new_coverage(str(directory / name), self.paths)
         self.every = max(1, every)
+        self.context = ""
         # What the campaign reached before this process started (every data
         # file already in the directory): a round's new process does not count
         # what earlier rounds reached as new.
@@ -119,19 +120,27 @@ class Meter:
 
     @contextlib.contextmanager
     def example(self, key: str) -> Iterator["Measurement"]:
-        """Measure one example (when sampled) under the context ``time|key``;
+        """One example (when sampled) under the context ``time|key``: the
+        lowering code it runs inside ``measuring()`` windows is recorded, and
         the measurement it yields is filled once the example ends."""
+        global _ACTIVE
         found = Measurement()
         if not self.measures(key):
             yield found
             return
-        self.coverage.start()
-        self.coverage.switch_context(f"{time.time():.1f}|{key}")
+        self.context, _ACTIVE = f"{time.time():.1f}|{key}", self
         try:
             yield found
         finally:
-            self.coverage.stop()
+            _ACTIVE, self.context = None, ""
             found.measured, found.new_arcs = True, self._new_arcs()
+
+    def start_window(self) -> None:
+        self.coverage.start()
+        self.coverage.switch_context(self.context)
+
+    def stop_window(self) -> None:
+        self.coverage.stop()
 
     def _new_arcs(self) -> dict[str, int]:
         """Arcs the campaign had not reached before the example (as far as
@@ -163,6 +172,32 @@ class Measurement:
 
 
 _METER: Optional[Meter] = None
+# The meter measuring the example under way in this process, and how deep in
+# ``measuring()`` windows the code is.
+_ACTIVE: Optional[Meter] = None
+_DEPTH = 0
+
+
+@contextlib.contextmanager
+def measuring() -> Iterator[None]:
+    """A window of the system under test (PT2E quantization, lowering): traced
+    when an example is being measured, untraced otherwise. Export, the eager
+    references and the runtime run outside windows, so the tracer's cost
+    falls on the code it measures."""
+    global _DEPTH
+    meter_now = _ACTIVE
+    if meter_now is None:
+        yield
+        return
+    if _DEPTH == 0:
+        meter_now.start_window()
+    _DEPTH += 1
+    try:
+        yield
+    finally:
+        _DEPTH -= 1
+        if _DEPTH == 0:
+            meter_now.stop_window()
 
 
 def meter() -> Optional[Meter]:

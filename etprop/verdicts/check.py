@@ -261,7 +261,8 @@ def run_example(spec: dict, flows: list[Flow], prop: str, oracles: list[Oracle],
     flow_names = [f.name for f in flows]
     artifacts.pending(spec, flow_names, prop)
     try:
-        built = builder.build(spec, validate=False)
+        with reach.measuring():  # a quantized spec's PT2E steps run here
+            built = builder.build(spec, validate=False)
     except QuantizationFailed as exc:
         if exc.stage == "export":
             raise pipeline.ExportFailed(str(exc)) from exc
