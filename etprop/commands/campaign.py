@@ -53,7 +53,7 @@ REPORT_SECONDS = 15
 REACH_REPORT_SECONDS = 45
 # The reach meter (etprop/lowering/reach.py) measures one example in this many
 # by default (benchmarks/reach_overhead.py measures what it costs).
-REACH_EVERY = 1
+REACH_EVERY = 3
 # A progress line at least this often.
 PROGRESS_SECONDS = 60
 
