@@ -702,5 +702,7 @@ def test_another_campaign_seed_draws_other_programs(tmp_path):
     assert len(set(zero)) == 3 and zero[0] == f"--etprop-seed={campaign.round_seed((0, 1), 0)}"
     other = seeds("--seed", "7")
     assert not set(other) & set(zero) and other == seeds("--seed", "7")
+    default = campaign.Campaign.from_args(cli.build_parser().parse_args(["fuzz", "--artifacts", str(tmp_path)]))
+    assert default.reach_every == campaign.REACH_EVERY > 0, "a default campaign runs without the reach meter"
     first, second = seeds(), seeds()
     assert first != second and not set(first) & set(zero), "two campaigns in a row drew the same programs"

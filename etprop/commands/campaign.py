@@ -253,7 +253,7 @@ class Campaign:
             args.flow_module,
             not args.no_shrink,
             seed,
-            args.reach_every,
+            reach_every,
         )
 
     def _env(self, deadline_file: Path) -> dict:
