@@ -466,16 +466,7 @@ def triage_group(
         last.get("message", member.get("message", "")),
         same_way=same_way,
     )
-    shrunk_path = repro.write(
-        directory / "shrunk.json",
-        spec,
-        member["flows"],
-        member["property"],
-        group.outcome,
-        defect.message,
-        script_flow=group.flow,
-        shrink=shrunk.facts(member["spec"]),
-    )
+    shrunk_path = _write_shrunk(directory, spec, member, group, defect.message, shrunk)
     repro.atomic_write(
         directory / "draft.md", draft(defect, spec, shrunk_path.with_suffix(".py").read_text(), repro.versions())
     )
@@ -485,6 +476,20 @@ def triage_group(
     progress.unlink(missing_ok=True)
     log(f"triage {group.key}: {defect.nodes} node(s), {defect.layer}; fails this way on {', '.join(same_way)}")
     return defect
+
+
+def _write_shrunk(directory: Path, spec: dict, member: dict, group: Group, message: str, shrunk) -> Path:
+    """The group's minimal program as ``shrunk.json`` (and its standalone script)."""
+    return repro.write(
+        directory / "shrunk.json",
+        spec,
+        member["flows"],
+        member["property"],
+        group.outcome,
+        message,
+        script_flow=group.flow,
+        shrink=shrunk.facts(member["spec"]),
+    )
 
 
 def _known_when_shrunk(session, spec: dict, flows: list, prop: str, oracles: list, flow: str) -> str:
@@ -521,16 +526,7 @@ def _record_as_known(
         same_way=[group.flow],
         known=known,
     )
-    repro.write(
-        directory / "shrunk.json",
-        spec,
-        member["flows"],
-        member["property"],
-        group.outcome,
-        defect.message,
-        script_flow=group.flow,
-        shrink=shrunk.facts(member["spec"]),
-    )
+    _write_shrunk(directory, spec, member, group, defect.message, shrunk)
     triage.save(defect)
     (directory / "progress.json").unlink(missing_ok=True)
     log(f"triage {group.key}: shrunk to {defect.nodes} node(s), explained by known finding {known}")
