@@ -72,6 +72,20 @@ def component_paths() -> dict[str, Path]:
     return found
 
 
+def relocated(path: str) -> str:
+    """A measured file's path in this environment: data written by another
+    installation of the same packages (a campaign run from another checkout
+    or environment) names its own site-packages."""
+    import sysconfig
+
+    marker = f"{os.sep}site-packages{os.sep}"
+    if marker in path:
+        here = Path(sysconfig.get_paths()["purelib"]) / path.split(marker, 1)[1]
+        if here.exists():
+            return str(here.resolve())
+    return str(Path(path).resolve())
+
+
 def component_of(path: str, paths: Optional[dict[str, Path]] = None) -> Optional[str]:
     """The component a source file belongs to (None: not the system under test)."""
     resolved = Path(path)
@@ -318,7 +332,7 @@ def read(data_file: Path, functions_shown: int = 8) -> Reach:
     functions: dict[str, list] = {name: [] for name in paths}
     owners: dict[str, dict] = {}
     for path, entry in files.items():
-        absolute = str(Path(path).resolve())
+        absolute = relocated(path)
         component = component_of(absolute, paths)
         if component is None:
             continue
@@ -367,8 +381,8 @@ def over_time(data_file: Path, reach: Reach) -> dict[str, list[tuple[float, int]
     if not contexts:
         return {}
     start = contexts[0][0]
-    files = [f for f in data.measured_files() if str(Path(f).resolve()) in reach.possible]
-    owner = {f: component_of(str(Path(f).resolve()), paths) for f in files}
+    files = [f for f in data.measured_files() if relocated(f) in reach.possible]
+    owner = {f: component_of(relocated(f), paths) for f in files}
     union: dict[str, set] = {f: set() for f in files}
     counts = {name: 0 for name in reach.components}
     series: dict[str, list[tuple[float, int]]] = {name: [] for name in reach.components}
@@ -379,7 +393,7 @@ def over_time(data_file: Path, reach: Reach) -> dict[str, list[tuple[float, int]
         data.set_query_contexts(["^" + re.escape(context) + "$"])
         for path in files:
             first = first_lines[path]
-            arcs = {(first(a), first(b)) for a, b in data.arcs(path) or ()} & reach.possible[str(Path(path).resolve())]
+            arcs = {(first(a), first(b)) for a, b in data.arcs(path) or ()} & reach.possible[relocated(path)]
             fresh = arcs - union[path]
             if fresh:
                 union[path] |= fresh
@@ -414,5 +428,5 @@ def example_contexts(data_file: Path) -> dict[str, dict[str, set]]:
         for line, contexts in data.contexts_by_lineno(path).items():
             for context in contexts:
                 if "|" in context:
-                    found.setdefault(context, {}).setdefault(path, set()).add(line)
+                    found.setdefault(context, {}).setdefault(relocated(path), set()).add(line)
     return found
