@@ -294,6 +294,8 @@ def test_the_installed_wheel_runs_a_campaign_outside_the_checkout(installed_whee
         venv,
         outside,
         "fuzz",
+        "--seed",
+        "0",
         "--reach-every",
         "1",
         "--flows",

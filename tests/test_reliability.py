@@ -54,7 +54,7 @@ def test_campaign_killed_with_sigkill_leaves_every_failure_replayable(tmp_path):
             "fuzz",
             "--reach-every",
             "0",
-            "--reach-every",
+            "--seed",
             "0",
             "--flow-module",
             BROKEN,
