@@ -309,19 +309,25 @@ def run_mutant(
         return Outcome(mutant, NOT_COVERED)
     source = scratch / f"{mutant.key}.py"
     source.write_text(mutated_source(mutant))
+    from etprop.commands.environments import EnvironmentFailed, OutOfTime
+
     pairs: list[tuple[dict, dict]] = []
-    environment = start_environment({shadow.ENV: f"{mutant.module}={source}"})
+    environment = None
     try:
+        # A mutant that breaks the import of its module stops the worker from starting (UsageError).
+        environment = start_environment({shadow.ENV: f"{mutant.module}={source}"})
         for program in programs[:max_programs]:
             before = baseline(program)
             after = environment.run(load_spec(Path(program.spec_path)), program.prop, program.flow, attribute=False)
             pairs.append((before, after))
             if judge(pairs) == KILLED:
                 return Outcome(mutant, KILLED, len(pairs), time.time() - started, program.context)
-    except Exception as exc:  # the mutant broke the worker itself: a crash is a verdict that differs
+    except (EnvironmentFailed, OutOfTime, UsageError) as exc:
+        # The mutated environment's worker did not start, died or hung: a verdict that differs.
         return Outcome(mutant, KILLED, len(pairs) + 1, time.time() - started, f"worker failed: {exc}"[:200])
     finally:
-        environment.close(force=True)
+        if environment is not None:
+            environment.close(force=True)
     return Outcome(mutant, judge(pairs), len(pairs), time.time() - started)
 
 

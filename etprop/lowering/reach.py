@@ -302,15 +302,6 @@ class Reach:
     functions: dict[str, list]  # component -> [(unreached branches, "module.function"), ...]
     owners: dict[str, dict] = field(default_factory=dict)  # file -> {branch arc: "module.function"}
 
-    def to_json(self) -> dict:
-        return {
-            "components": {name: c.as_dict() for name, c in self.components.items()},
-            "unreached_functions": {
-                name: [{"function": f, "unreached_branches": n} for n, f in rows]
-                for name, rows in self.functions.items()
-            },
-        }
-
 
 def read(data_file: Path, functions_shown: int = 8) -> Reach:
     """The components' branches and lines, reached and possible, from a combined data file."""
