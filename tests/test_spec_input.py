@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import json
+import random
 import resource
 import subprocess
 import sys
@@ -108,6 +109,9 @@ def test_every_base_record_is_valid():
         ("code_in_an_attribute", "does not match"),
         ("not_json", "not valid JSON"),
         ("future_format", "etprop-repro/1"),
+        ("deep_nesting", "nests its JSON too deeply"),
+        ("random_bytes", "not UTF-8 text"),
+        ("unknown_flow", "unknown flow 'nope'"),
     ],
 )
 def test_a_bad_file_is_one_line_naming_the_fix(case, expected, tmp_path):
@@ -127,9 +131,15 @@ def test_a_bad_file_is_one_line_naming_the_fix(case, expected, tmp_path):
     record = _record(spec)
     if case == "future_format":
         record["format"] = "etprop-repro/9"
+    if case == "unknown_flow":
+        record["flows"] = ["nope"]
     path = tmp_path / f"{case}.json"
     text = json.dumps(record)
     path.write_text(text[:-40] if case == "not_json" else text)
+    if case == "deep_nesting":
+        path.write_text("[" * 100_000 + "]" * 100_000)
+    elif case == "random_bytes":
+        path.write_bytes(b"\x92" + random.Random(0).randbytes(2047))
     completed = _cli(path)
     _assert_one_line_error(completed, expected)
 
@@ -200,12 +210,30 @@ JUNK = st.one_of(
 )
 
 
+# Files no JSON record lies in: bytes that are not UTF-8, brackets nested
+# past the parser's recursion, a record cut short.
+RAW = st.one_of(
+    st.binary(min_size=1, max_size=2048).filter(lambda b: not b.isascii()),
+    st.integers(1_000, 200_000).map(lambda depth: ("[" * depth + "]" * depth).encode()),
+    st.integers(1_000, 200_000).map(lambda depth: ('{"a":' * depth + "1" + "}" * depth).encode()),
+    st.sampled_from(BASES).map(lambda record: json.dumps(record)[:-7].encode()),
+)
+
+
+@st.composite
+def malformed_files(draw) -> bytes:
+    """A malformed repro file's bytes: a record with parts broken, or raw junk."""
+    if draw(st.integers(0, 5)) == 0:
+        return draw(RAW)
+    return json.dumps(draw(malformed_records())).encode()
+
+
 @st.composite
 def malformed_records(draw):
     record = copy.deepcopy(draw(st.sampled_from(BASES)))
     spec = record["spec"]
     for _ in range(draw(st.integers(1, 3))):
-        mutation = draw(st.sampled_from(["drop", "junk", "dangling", "huge", "nest", "format", "ints"]))
+        mutation = draw(st.sampled_from(["drop", "junk", "dangling", "huge", "nest", "format", "ints", "flows"]))
         places = list(_containers(record))
         path, container = draw(st.sampled_from(places))
         if mutation == "drop" and container:
@@ -242,6 +270,8 @@ def malformed_records(draw):
                         }
                     method["nodes"].append({"id": "deep", "op": "map", "args": [first], "bodies": [body]})
                     break
+        elif mutation == "flows":
+            record["flows"] = draw(st.sampled_from([["nope"], ["xnnpack", "nope"], [""], ["portable "]]))
         elif mutation == "format":
             target = draw(st.sampled_from([record, spec]))
             target["format"] = draw(st.sampled_from(["etprop-spec/2", "etprop-repro/0", None, 7, ""]))
@@ -261,7 +291,7 @@ LOADER = textwrap.dedent("""
     from etprop.verdicts import repro
     for path in sys.argv[1:]:
         try:
-            repro.read(path)
+            repro.check_flows(repro.read(path), path)
             print(json.dumps([path, "ok", ""]), flush=True)
         except UsageError as exc:
             print(json.dumps([path, "usage", str(exc)]), flush=True)
@@ -271,15 +301,15 @@ LOADER = textwrap.dedent("""
 
 
 @settings(max_examples=1, deadline=None, database=None, suppress_health_check=list(HealthCheck))
-@given(st.lists(malformed_records(), min_size=150, max_size=150))
-def test_malformed_files_end_in_one_line_errors_within_2gb(tmp_path_factory, records):
+@given(st.lists(malformed_files(), min_size=150, max_size=150))
+def test_malformed_files_end_in_one_line_errors_within_2gb(tmp_path_factory, files):
     """150 drawn malformed repro files, loaded in one child process limited to
     2 GB: each is valid or refused with one line of etprop's UsageError."""
     folder = tmp_path_factory.mktemp("malformed")
     paths = []
-    for index, record in enumerate(records):
+    for index, payload in enumerate(files):
         path = folder / f"{index}.json"
-        path.write_text(json.dumps(record))
+        path.write_bytes(payload)
         paths.append(str(path))
     completed = subprocess.run(
         [sys.executable, "-c", LOADER, *paths],
@@ -294,8 +324,9 @@ def test_malformed_files_end_in_one_line_errors_within_2gb(tmp_path_factory, rec
     outcomes = [json.loads(line) for line in completed.stdout.splitlines() if line.startswith("[")]
     assert len(outcomes) == len(paths), completed.stderr[-3000:]
     for path, kind, text in outcomes:
-        assert kind in ("ok", "usage"), f"{path}: {Path(path).read_text()[:500]}\n{text}"
-        assert "\n" not in text and text, f"{path}: {text}"
+        assert kind in ("ok", "usage"), f"{path}: {Path(path).read_bytes()[:500]!r}\n{text}"
+        if kind == "usage":
+            assert "\n" not in text and text, f"{path}: {text}"
     assert sum(kind == "usage" for _, kind, _ in outcomes) > len(outcomes) // 2
 
 

@@ -33,6 +33,7 @@ def cmd_repro(args) -> int:
         from etprop.verdicts import repro
 
         record = repro.read(args.file)
+        repro.check_flows(record, args.file)
         print(
             f"{args.file}: a valid {repro.FORMAT} file: property {record['property']}, flows "
             f"{', '.join(record['flows'])}, {len(record['spec']['methods'])} method(s), "
@@ -43,6 +44,7 @@ def cmd_repro(args) -> int:
         from etprop.verdicts import repro
 
         record = repro.read(args.file)
+        repro.check_flows(record, args.file)
         repro.atomic_write(Path(args.script), repro.etprop_script(record, Path(args.file).name))
         print(f"wrote {args.script}: replays {args.file} through etprop, judged as the suite judges")
         return 0
@@ -50,6 +52,7 @@ def cmd_repro(args) -> int:
         from etprop.verdicts import repro
 
         record = repro.read(args.file)
+        repro.check_flows(record, args.file)
         flow = args.flow or record["flows"][-1]
         if flow not in record["flows"]:
             raise UsageError(f"--flow {flow}: the repro lowers {', '.join(record['flows'])}")

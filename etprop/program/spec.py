@@ -30,7 +30,7 @@ import json
 import keyword
 from typing import Any, Callable, Iterator
 
-from etprop.errors import UsageError
+from etprop.errors import UsageError, parse_json
 from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS
 
 FORMAT = "etprop-spec/1"
@@ -52,13 +52,7 @@ def dumps(spec: dict) -> str:
 
 
 def loads(text: str) -> dict:
-    try:
-        spec = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise SpecError(
-            f"not valid JSON ({exc.msg} at line {exc.lineno}); "
-            "the file may be truncated: regenerate it with 'etprop fuzz'"
-        ) from None
+    spec = parse_json(text, "the spec", "the file may be truncated: regenerate it with 'etprop fuzz'")
     validate(spec)
     return spec
 

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 from typing import Optional
 
-from etprop.errors import UsageError
+from etprop.errors import UsageError, parse_json
 from etprop.program import spec as specmod
 from etprop.program.builder import check_shapes, render_source
 
@@ -89,13 +89,11 @@ def read(path: str | Path) -> dict:
     path = Path(path)
     if not path.is_file():
         raise UsageError(f"repro file '{path}' does not exist")
-    try:
-        record = json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise UsageError(
-            f"repro file '{path}' is not valid JSON ({exc.msg}, line {exc.lineno}); "
-            "it may be truncated: take it again from the campaign's artifacts"
-        ) from None
+    record = parse_json(
+        path.read_bytes(),
+        f"repro file '{path}'",
+        "it may be truncated or not a repro: take it again from the campaign's artifacts",
+    )
     if not isinstance(record, dict) or record.get("format") != FORMAT:
         raise UsageError(
             f"'{path}' is not an etprop repro (format {record.get('format') if isinstance(record, dict) else None!r}, "
@@ -114,6 +112,18 @@ def check_record(record, where: str) -> None:
         check_shapes(record["spec"])
     except UsageError as exc:
         raise type(exc)(f"repro file '{where}': {exc}") from None
+
+
+def check_flows(record: dict, where: str) -> None:
+    """Every flow the record names is registered here (UsageError naming the
+    unknown one and the known ones otherwise)."""
+    from etprop import flows
+
+    for name in record["flows"]:
+        try:
+            flows.get(name)
+        except UsageError as exc:
+            raise UsageError(f"repro file '{where}': {exc}") from None
 
 
 def version_drift(record: dict) -> list[str]:
