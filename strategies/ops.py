@@ -13,7 +13,7 @@ from typing import Callable, Optional
 
 from hypothesis import strategies as st
 
-from etprop.program.vocabulary import ARGUMENT_DTYPES
+from etprop.program.vocabulary import ARGUMENT_DTYPES, OP_TABLE
 from etprop.strategies.graph import GraphDraft, Value
 
 Drawer = Callable[[Callable, GraphDraft], Optional[Value]]
@@ -227,28 +227,9 @@ def draw_matmul(draw, g):
     return g.add("matmul", [x], state=_weight(draw, g, shape))
 
 
-# Ops whose parameters a twin can have: GEMMs, normalization layers, and
-# binary ops with a parameter, buffer or constant operand.
-_TWINNABLE = (
-    "linear",
-    "conv1d",
-    "conv2d",
-    "conv_transpose1d",
-    "conv_transpose2d",
-    "addmm",
-    "mm",
-    "bmm",
-    "matmul",
-    "layer_norm",
-    "batch_norm",
-    "group_norm",
-    "add",
-    "sub",
-    "mul",
-    "div",
-    "maximum",
-    "minimum",
-)
+# Ops whose parameters a twin can have: GEMMs and binary ops with a parameter,
+# buffer or constant operand (the op table's), and the normalization layers.
+_TWINNABLE = tuple(name for name, op in OP_TABLE.items() if op.twinnable) + ("layer_norm", "batch_norm", "group_norm")
 
 
 def _twin_state(g: GraphDraft, name: str) -> str:
@@ -338,7 +319,7 @@ def _binary(op: str, **kw_strategies) -> Drawer:
             other = g.pick(
                 draw, lambda v: v.name != x.name and _broadcastable(x.shape, v.shape) and len(v.shape) <= len(x.shape)
             )
-            if other is not None and op == "div":
+            if other is not None and op in ("div", "floor_divide"):
                 # A divisor kept within [1/e, e]: exp(tanh(.)) of the value.
                 other = g.add("exp_bounded", [other])
             if other is not None:
@@ -349,7 +330,7 @@ def _binary(op: str, **kw_strategies) -> Drawer:
         shape = list(x.shape[draw(st.integers(0, len(x.shape))) :])
         kind = draw(st.sampled_from(["parameter", "buffer", "constant"]))
         entry = {"kind": kind, "shape": shape, "scale": 1.0}
-        if op == "div":
+        if op in ("div", "floor_divide"):
             entry["min_abs"] = 0.5
         return g.add(op, [x], attrs, state=g.program.add_state(kind[0], entry))
 
@@ -604,6 +585,130 @@ def draw_buffer_update(draw, g):
     return g.add("buffer_update", [x], {"how": draw(st.sampled_from(["add", "copy", "mul"]))}, state=name)
 
 
+# -- ExecuTorch's backend suite: its float ops beyond the above ----------------------
+
+
+def _positive(draw, g, x: Value) -> Value:
+    """``x`` itself when it is known positive, else exp(tanh(x)): an operand
+    in [1/e, e] for ops defined on positive values only."""
+    node = next((n for n in g.nodes if n["id"] == x.name), None)
+    if node is not None and node["op"] in ("exp_bounded", "sqrt_abs"):
+        return x
+    return g.add("exp_bounded", [x])
+
+
+def _on_positive(op: str) -> Drawer:
+    def draw_on_positive(draw, g):
+        return g.add(op, [_positive(draw, g, g.pick(draw))])
+
+    return draw_on_positive
+
+
+def draw_pow(draw, g):
+    """An integer exponent on any operand; a fractional or negative one on a positive operand."""
+    x = g.pick(draw)
+    exponent = draw(st.sampled_from([2.0, 3.0, 0.5, -1.0, 1.5, -0.5, 2]))
+    if exponent not in (2.0, 3.0, 2):
+        x = _positive(draw, g, x)
+    return g.add("pow", [x], {"exponent": exponent})
+
+
+def draw_threshold(draw, g):
+    return g.add("threshold", [g.pick(draw)], {"threshold": draw(FLOATS), "value": draw(FLOATS)})
+
+
+def draw_glu(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 1 and any(d % 2 == 0 for d in v.shape))
+    if x is None:
+        return None
+    dim = draw(st.sampled_from([i for i, d in enumerate(x.shape) if d % 2 == 0]))
+    attrs = {"dim": dim - x.rank if draw(st.booleans()) else dim}
+    if attrs["dim"] == -1:
+        attrs = {}
+    return g.add("glu", [x], attrs)
+
+
+def draw_prelu(draw, g):
+    """One slope, or one per channel (dim 1)."""
+    x = g.pick(draw)
+    channels = x.shape[1] if x.rank >= 2 and draw(st.booleans()) else 1
+    slope = g.program.add_state("p", {"kind": "parameter", "shape": [channels], "scale": 0.5})
+    return g.add("prelu", [x], state=slope)
+
+
+def _reduction_with_indices(op: str) -> Drawer:
+    """max or min along one dim (negative dims too, keepdim both ways), their values."""
+
+    def draw_reduction(draw, g):
+        x = g.pick(draw, lambda v: v.rank >= 1)
+        if x is None:
+            return None
+        attrs: dict = {"dim": draw(st.integers(-x.rank, x.rank - 1))}
+        if draw(st.booleans()) or x.rank == 1:
+            attrs["keepdim"] = True
+        return g.add(op, [x], attrs)
+
+    return draw_reduction
+
+
+def draw_select(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 2)
+    if x is None:
+        return None
+    dim = draw(st.integers(-x.rank, x.rank - 1))
+    size = x.shape[dim]
+    return g.add("select", [x], {"dim": dim, "index": draw(st.integers(-size, size - 1))})
+
+
+def draw_split(draw, g):
+    """One chunk of a split: chunks of a size that need not divide the dim (the last is shorter)."""
+    x = g.pick(draw, lambda v: v.rank >= 1 and max(v.shape) > 1)
+    if x is None:
+        return None
+    dim = draw(st.sampled_from([i for i, d in enumerate(x.shape) if d > 1]))
+    size = x.shape[dim]
+    split_size = draw(st.integers(1, size - 1))
+    chunks = -(-size // split_size)
+    attrs = {"split_size": split_size, "chunk": draw(st.integers(-chunks, chunks - 1))}
+    if dim or draw(st.booleans()):
+        attrs["dim"] = dim - x.rank if draw(st.booleans()) else dim
+    return g.add("split", [x], attrs)
+
+
+def draw_stack(draw, g):
+    x = g.pick(draw, lambda v: v.rank <= 3)
+    if x is None:
+        return None
+    others = [g.pick(draw, lambda v: v.shape == x.shape) for _ in range(draw(st.integers(1, 2)))]
+    dim = draw(st.integers(-x.rank - 1, x.rank))
+    return g.add("stack", [x] + others, {"dim": dim} if dim else {})
+
+
+def draw_expand(draw, g):
+    """Size-1 dims widened, new leading dims, -1 for a dim kept."""
+    x = g.pick(draw, lambda v: v.rank <= 3 and v.numel <= 512)
+    if x is None:
+        return None
+    shape = [
+        draw(st.integers(2, 4)) if d == 1 and draw(st.booleans()) else draw(st.sampled_from([d, -1])) for d in x.shape
+    ]
+    lead = [draw(st.integers(1, 3)) for _ in range(draw(st.integers(0, 1)))]
+    return g.add("expand", [x], {"shape": lead + shape})
+
+
+def _adaptive_pool(op: str, dims: int) -> Drawer:
+    def draw_adaptive(draw, g):
+        x = g.pick(draw, lambda v: v.rank in (dims + 1, dims + 2))
+        if x is None:
+            return None
+        size = [draw(st.integers(1, s)) for s in x.shape[-dims:]]
+        return g.add(
+            op, [x], {"output_size": size[0] if dims == 1 or draw(st.booleans()) and len(set(size)) == 1 else size}
+        )
+
+    return draw_adaptive
+
+
 FLOATS = st.sampled_from([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0])
 
 # Order matters for shrinking: Hypothesis shrinks a choice toward the first
@@ -676,21 +781,56 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("batch_norm", draw_batch_norm),
     ("group_norm", draw_group_norm),
     ("buffer_update", draw_buffer_update),
+    ("log", _on_positive("log")),
+    ("log2", _on_positive("log2")),
+    ("log10", _on_positive("log10")),
+    ("log1p", _on_positive("log1p")),
+    ("rsqrt", _on_positive("rsqrt")),
+    ("pow", draw_pow),
+    ("trunc", _unary("trunc")),
+    ("threshold", draw_threshold),
+    ("logsigmoid", _unary("logsigmoid")),
+    ("glu", draw_glu),
+    ("prelu", draw_prelu),
+    ("floor_divide", _binary("floor_divide")),
+    ("max_dim", _reduction_with_indices("max_dim")),
+    ("min_dim", _reduction_with_indices("min_dim")),
+    ("select", draw_select),
+    ("split", draw_split),
+    ("stack", draw_stack),
+    ("expand", draw_expand),
+    ("adaptive_avg_pool1d", _adaptive_pool("adaptive_avg_pool1d", 1)),
 ]
-GEMM_DRAWERS = [
-    d
-    for d in DRAWERS
-    if d[0]
-    in (
-        "linear",
-        "conv1d",
-        "conv2d",
-        "conv_transpose1d",
-        "conv_transpose2d",
-        "addmm",
-        "mm",
-        "bmm",
-        "matmul",
-        "parallel_twins",
-    )
-]
+
+# Ops of ExecuTorch's backend suite (executorch/backends/test/suite/operators,
+# by its module names) the strategies do not draw yet, and why. A program is
+# drawn once for every flow, so an op only some flows can run is left out.
+_NO_PORTABLE_KERNEL = (
+    "the portable runtime has no kernel for it (error 0x14 at load, 0x12 for conv3d at run time) and XNNPACK "
+    "does not claim it, so only Core AI flows could run it: needs drawing per flow"
+)
+_NOT_CORE_ATEN = (
+    "outside the Core ATen opset: to_edge rejects it on every flow (ExecuTorch's suite skips it: "
+    "runner.UNSUPPORTED_PORTABLE_OPS)"
+)
+NOT_DRAWN = {
+    "argmax": "returns int64 indices: needs integer values in the spec format",
+    "argmin": "returns int64 indices: needs integer values in the spec format",
+    "embedding": "reads int64 ids: needs integer values in the spec format",
+    "embedding_bag": "reads int64 ids and offsets: needs integer values in the spec format",
+    "index_put": "reads int64 indices: needs integer values in the spec format",
+    "index_select": "reads int64 indices: needs integer values in the spec format",
+    "masked_fill": "reads a bool mask: needs boolean values in the spec format",
+    "conv3d": _NO_PORTABLE_KERNEL,
+    "convtranspose3d": _NO_PORTABLE_KERNEL
+    + "; Core AI's converter rejects it ('Transposed conv3d is not yet supported')",
+    "maxpool3d": _NO_PORTABLE_KERNEL,
+    "avgpool3d": _NO_PORTABLE_KERNEL,
+    "adaptive_avgpool3d": _NO_PORTABLE_KERNEL,
+    "adaptive_maxpool1d": _NOT_CORE_ATEN,
+    "adaptive_maxpool2d": _NOT_CORE_ATEN,
+    "adaptive_maxpool3d": _NOT_CORE_ATEN,
+    "median": _NOT_CORE_ATEN,
+    "lstm": "a recurrent layer: the tolerance model has no rounding bound over time steps yet",
+}
+GEMM_DRAWERS = [d for d in DRAWERS if d[0] == "parallel_twins" or (d[0] in OP_TABLE and OP_TABLE[d[0]].gemm)]

@@ -20,11 +20,13 @@ from etprop.strategies.sizes import slot_count
 
 @st.composite
 def input_values(draw, program: ProgramDraft, count: int | None = None, rank: int | None = None):
-    """Method inputs: rank 2 (tokens), 3 (sequences, conv1d) or 4 (images)."""
+    """Method inputs: rank 2 (tokens), 3 (sequences, conv1d), 4 (images) or 5 (volumes)."""
     values = []
     for index in range(count or draw(st.integers(1, 2))):
-        r = rank or draw(st.integers(2, 4))
-        shape = [draw(st.integers(1, 4))] + [draw(st.integers(1, 12)) for _ in range(r - 1)]
+        r = rank or draw(st.integers(2, 5))
+        # Rank 5 (volumes, 3-D convolutions and pools) with smaller dims.
+        top = 12 if r < 5 else 6
+        shape = [draw(st.integers(1, 4))] + [draw(st.integers(1, top)) for _ in range(r - 1)]
         values.append(Value(program.fresh("x"), tuple(shape)))
     return values
 

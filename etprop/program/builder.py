@@ -679,70 +679,10 @@ def _body_lines(nodes: list[dict], indent: str, jitter: bool = False) -> list[st
     return lines
 
 
-# Ops that sum terms: their rounding error scales with the sum of |terms|.
-_SUMS = (
-    "linear",
-    "conv1d",
-    "conv2d",
-    "conv_transpose1d",
-    "conv_transpose2d",
-    "addmm",
-    "mm",
-    "bmm",
-    "matmul",
-    "sum",
-    "mean",
-    "avg_pool1d",
-    "avg_pool2d",
-    "adaptive_avg_pool2d",
-    "interpolate",
-)
-
-
-# Ops whose textbook formula cancels terms, as a backend may compute them:
-# the absolute size of those terms (gelu: x(1 + erf) / 2; elu:
-# alpha(exp(x) - 1); softplus: log(1 + exp(beta x)) / beta; hardswish and
-# hardsigmoid: x + 3; log_softmax: x - logsumexp; var: E[x^2] - E[x]^2).
-_TERMS = {
-    "gelu": lambda a, at: f"{a[0]}.abs()",
-    "elu": lambda a, at: f"torch.full_like({a[0]}, {abs(at.get('alpha', 1.0))!r})",
-    "softplus": lambda a, at: f"torch.full_like({a[0]}, {1 / abs(at.get('beta', 1.0))!r})",
-    "hardswish": lambda a, at: f"{a[0]}.abs() * ({a[0]}.abs() + 3) / 6",
-    "hardsigmoid": lambda a, at: f"({a[0]}.abs() + 3) / 6",
-    "log_softmax": lambda a, at: f"{a[0]}.abs() + torch.logsumexp({a[0]}, dim={at['dim']!r}, keepdim=True).abs()",
-    "var": lambda a, at: f"_var_terms({a[0]}, {at.get('dim')!r}, {at.get('keepdim', False)!r})",
-}
-
-
-# Ops that never round: their result is exact given their inputs, so only
-# their inputs' jitter moves it.
-_EXACT = (
-    "relu",
-    "abs",
-    "neg",
-    "clamp",
-    "hardtanh",
-    "floor",
-    "ceil",
-    "round",
-    "via_int64",
-    "maximum",
-    "minimum",
-    "amax",
-    "amin",
-    "max_pool1d",
-    "max_pool2d",
-    "reshape",
-    "permute",
-    "transpose",
-    "flatten",
-    "unsqueeze",
-    "squeeze",
-    "slice",
-    "cat",
-    "pixel_shuffle",
-    "pixel_unshuffle",
-)
+# The rounding classes of the op table (vocabulary.Op.rounding).
+_SUMS = tuple(name for name, op in vocabulary.OP_TABLE.items() if op.rounding == "sums")
+_TERMS = {name: op.terms for name, op in vocabulary.OP_TABLE.items() if op.terms is not None}
+_EXACT = tuple(name for name, op in vocabulary.OP_TABLE.items() if op.rounding == "exact")
 
 
 def _jittered_expression(node: dict, expression: str) -> str:
@@ -768,7 +708,7 @@ def _jittered_expression(node: dict, expression: str) -> str:
     if op == "layer":
         state = node["state"]
         return f"_jitter(_layer(self.{state}, {args[0]}), 'layer', lambda: _magnitude(self.{state}, {args[0]}))"
-    if op in _SUMS or op in ("add", "sub"):
+    if op in _SUMS:
         absolute = vocabulary.render(node, [f"{a}.abs()" for a in args]).replace("torch.sub(", "torch.add(")
         for name in specmod.state_refs(node):
             absolute = absolute.replace(f"self.{name}.weight", f"self.{name}.weight.abs()")

@@ -29,6 +29,8 @@ import math
 
 import torch
 
+from etprop.program import vocabulary
+
 SCHEMES = ("static_per_tensor", "static_per_channel", "dynamic_per_tensor", "dynamic_per_channel")
 
 QUANTIZE_SOURCE = '''
@@ -171,56 +173,23 @@ def _q_ops() -> tuple[frozenset, frozenset, frozenset]:
     )
 
 
-# Ops whose result is exact given their operands: only their inputs' perturbation moves them.
-_EXACT = {
-    "relu",
+# ATen ops whose result is exact given their operands (only their inputs'
+# perturbation moves them): the op table's exact ops, and the views and
+# copies export adds.
+_EXACT = {name for name, op in vocabulary.OP_TABLE.items() if op.rounding == "exact"} | {
     "view",
-    "reshape",
-    "permute",
-    "transpose",
     "t",
     "clone",
-    "flatten",
-    "unsqueeze",
-    "squeeze",
-    "slice",
     "select",
-    "cat",
     "getitem",
-    "max_pool2d",
-    "max_pool1d",
-    "amax",
-    "amin",
-    "clamp",
-    "hardtanh",
-    "neg",
-    "abs",
-    "maximum",
-    "minimum",
-    "floor",
-    "ceil",
-    "round",
     "expand",
     "contiguous",
     "_to_copy",
 }
-
-
-def _abs(tensor):
-    return tensor.double().abs()
-
-
 # Float ops whose textbook formula cancels terms, as a backend may compute
-# them: the size of those terms, from the op's arguments (the float jitter's
-# table, builder._TERMS, at the level of ATen ops).
-_TERMS = {
-    "gelu": lambda x, *rest: _abs(x),
-    "elu": lambda x, alpha=1.0, *rest: torch.full_like(_abs(x), abs(alpha)),
-    "softplus": lambda x, beta=1.0, *rest: torch.full_like(_abs(x), 1 / abs(beta)),
-    "hardswish": lambda x, *rest: _abs(x) * (_abs(x) + 3) / 6,
-    "hardsigmoid": lambda x, *rest: (_abs(x) + 3) / 6,
-    "log_softmax": lambda x, dim, *rest: _abs(x) + torch.logsumexp(x.double(), dim=dim, keepdim=True).abs(),
-}
+# them: the size of those terms, from the ATen op's arguments (the op table's
+# ``aten_terms``; the float jitter renders the same from the spec's operands).
+_TERMS = {name: op.aten_terms for name, op in vocabulary.OP_TABLE.items() if op.aten_terms is not None}
 
 
 class _Perturbed(torch.fx.Interpreter):

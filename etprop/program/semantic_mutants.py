@@ -32,84 +32,10 @@ from dataclasses import dataclass
 from typing import Iterator
 
 from etprop.program.spec import all_nodes
-from etprop.program.vocabulary import ARGUMENT_DTYPES, CONTROL_FLOW_OPS, OPS, family
+from etprop.program.vocabulary import ARGUMENT_DTYPES, CONTROL_FLOW_OPS, OP_TABLE, OPS, REQUIRED, family
 
-REQUIRED = object()  # an argument without a default: no ignore_argument mutant
-
-_CONV = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
-_POOL = {"kernel_size": REQUIRED, "stride": None, "padding": 0, "ceil_mode": False}
-_REDUCE = {"dim": REQUIRED, "keepdim": False}
-
-# Per spec op: argument -> default, for every argument a strategy draws.
-ARGUMENTS: dict[str, dict] = {
-    "linear": {},
-    "mm": {},
-    "bmm": {},
-    "matmul": {},
-    "conv1d": dict(_CONV),
-    "conv2d": dict(_CONV),
-    "conv_transpose1d": {**_CONV, "output_padding": 0},
-    "conv_transpose2d": {**_CONV, "output_padding": 0},
-    "addmm": {"alpha": 1, "beta": 1},
-    "relu": {},
-    "sigmoid": {},
-    "tanh": {},
-    "silu": {},
-    "hardswish": {},
-    "hardsigmoid": {},
-    "gelu": {"approximate": "none"},
-    "hardtanh": {"min_val": -1.0, "max_val": 1.0},
-    "leaky_relu": {"negative_slope": 0.01},
-    "elu": {"alpha": 1.0},
-    "softplus": {"beta": 1.0, "threshold": 20.0},
-    "clamp": {"min": None, "max": None},
-    "abs": {},
-    "neg": {},
-    "square": {},
-    "sqrt_abs": {},
-    "exp_bounded": {},
-    "floor": {},
-    "ceil": {},
-    "round": {},
-    "via_float64": {},
-    "via_int64": {},
-    "add": {"alpha": 1},
-    "sub": {"alpha": 1},
-    "mul": {},
-    "div": {"rounding_mode": None},
-    "maximum": {},
-    "minimum": {},
-    "sum": dict(_REDUCE),
-    "mean": dict(_REDUCE),
-    "amax": dict(_REDUCE),
-    "amin": dict(_REDUCE),
-    "var": {**_REDUCE, "correction": 1},
-    "softmax": {"dim": REQUIRED},
-    "log_softmax": {"dim": REQUIRED},
-    "reshape": {"shape": REQUIRED},
-    "permute": {"dims": REQUIRED},
-    "transpose": {"dim0": REQUIRED, "dim1": REQUIRED},
-    "flatten": {"start_dim": 0, "end_dim": -1},
-    "unsqueeze": {"dim": REQUIRED},
-    "squeeze": {"dim": REQUIRED},
-    "slice": {"dim": 0, "start": None, "end": None, "step": 1},
-    "cat": {"dim": 0},
-    "max_pool1d": {**_POOL, "dilation": 1},
-    "max_pool2d": {**_POOL, "dilation": 1},
-    "avg_pool1d": {**_POOL, "count_include_pad": True},
-    "avg_pool2d": {**_POOL, "count_include_pad": True, "divisor_override": None},
-    "adaptive_avg_pool2d": {"output_size": REQUIRED},
-    "interpolate": {
-        "mode": "nearest",
-        "size": REQUIRED,
-        "scale_factor": REQUIRED,
-        "align_corners": None,
-        "recompute_scale_factor": None,
-        "antialias": False,
-    },
-    "pixel_shuffle": {"upscale_factor": REQUIRED},
-    "pixel_unshuffle": {"downscale_factor": REQUIRED},
-}
+# Per spec op: argument -> default, for every argument a strategy draws (the op table's).
+ARGUMENTS: dict[str, dict] = {name: op.arguments for name, op in OP_TABLE.items() if op.arguments is not None}
 
 # Per layer type (the ``layer`` op): keyword argument -> default.
 _CONV_LAYER = {
@@ -159,77 +85,16 @@ OPERAND_ATTRS = frozenset(
         "weight_as",
         "input_channels",
         "by_sums",
+        "as_4d",
     }
 )
 
 # The nearest relative of an op: same signature, another function.
-RELATIVES = {
-    "relu": "leaky_relu",
-    "leaky_relu": "relu",
-    "gelu": "silu",
-    "silu": "gelu",
-    "sigmoid": "hardsigmoid",
-    "hardsigmoid": "sigmoid",
-    "tanh": "hardtanh",
-    "hardtanh": "tanh",
-    "hardswish": "silu",
-    "elu": "leaky_relu",
-    "softplus": "relu",
-    "abs": "relu",
-    "neg": "abs",
-    "square": "abs",
-    "sqrt_abs": "abs",
-    "exp_bounded": "tanh",
-    "floor": "ceil",
-    "ceil": "floor",
-    "round": "floor",
-    "clamp": "hardtanh",
-    "via_int64": "via_float64",
-    "via_float64": "via_int64",
-    "add": "sub",
-    "sub": "add",
-    "mul": "div",
-    "div": "mul",
-    "maximum": "minimum",
-    "minimum": "maximum",
-    "sum": "mean",
-    "mean": "sum",
-    "amax": "amin",
-    "amin": "amax",
-    "var": "mean",
-    "softmax": "log_softmax",
-    "log_softmax": "softmax",
-    "max_pool1d": "avg_pool1d",
-    "avg_pool1d": "max_pool1d",
-    "max_pool2d": "avg_pool2d",
-    "avg_pool2d": "max_pool2d",
-    "pixel_shuffle": None,
-    "pixel_unshuffle": None,
-    "transpose": None,
-    "permute": None,
-    "conv1d": "conv_transpose1d",
-    "conv_transpose1d": "conv1d",
-    "conv2d": "conv_transpose2d",
-    "conv_transpose2d": "conv2d",
-    "mm": "matmul",
-    "matmul": "mm",
-    "bmm": "matmul",
-    "linear": "matmul",
-}
-AXIS_OPS = ("sum", "mean", "amax", "amin", "var", "softmax", "log_softmax", "cat", "slice", "flatten")
-BINARY = ("add", "sub", "mul", "div", "maximum", "minimum")
-GEMMS_WITH_BIAS = ("linear", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")
-STATE_OPERAND_OPS = BINARY + (
-    "linear",
-    "mm",
-    "bmm",
-    "matmul",
-    "addmm",
-    "conv1d",
-    "conv2d",
-    "conv_transpose1d",
-    "conv_transpose2d",
-)
+RELATIVES = {name: op.relative for name, op in OP_TABLE.items() if op.relative}
+AXIS_OPS = tuple(name for name, op in OP_TABLE.items() if op.axis)
+BINARY = tuple(name for name, op in OP_TABLE.items() if op.binary)
+GEMMS_WITH_BIAS = tuple(name for name, op in OP_TABLE.items() if op.bias)
+STATE_OPERAND_OPS = tuple(name for name, op in OP_TABLE.items() if op.state_operand)
 _IDENTITY = {"add": 0.0, "sub": 0.0, "mul": 1.0, "div": 1.0}
 
 
@@ -333,7 +198,7 @@ def catalogue() -> list[Mutant]:
             mutants.append(Mutant(op, "relative", RELATIVES[op]))
         if op in AXIS_OPS:
             mutants.append(Mutant(op, "other_axis"))
-        if op in ("sub", "div", "maximum", "minimum", "add", "mul"):
+        if op in BINARY:
             mutants.append(Mutant(op, "swap_operands"))
         if op in STATE_OPERAND_OPS:
             mutants.append(Mutant(op, "swap_weight"))

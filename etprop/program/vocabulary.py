@@ -10,6 +10,7 @@ code, and shape inference can evaluate that very expression on meta tensors.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 Render = Callable[[list[str], dict, str], str]
@@ -234,6 +235,15 @@ def _slice(args, attrs, state):
     return f"{args[0]}[{', '.join(index)}]"
 
 
+def _prelu(args, attrs, state):
+    """``as_4d``: the slope applied to a 4-D view, (N, C, rest, 1), then the
+    input's shape again (the same values; a neutralization)."""
+    if attrs.get("as_4d"):
+        x = args[0]
+        return f"F.prelu({x}.reshape(({x}.shape + (1, 1))[:2] + (-1, 1)), self.{state}).reshape({x}.shape)"
+    return f"F.prelu({args[0]}, self.{state})"
+
+
 def _var(args, attrs):
     """``in_float32``: the variance computed in float32 and cast back (what
     eager does inside for half types; a neutralization)."""
@@ -260,100 +270,434 @@ def _state_update(args, attrs, state):
     return _OUT_OF_PLACE[attrs["how"]].format(s=state, x=source)
 
 
-# Ops rendered from the node. Families group ops for coverage reports and
-# for the claims flows make (see oracles/coverage.py).
-OPS: dict[str, tuple[str, Render]] = {
+REQUIRED = object()  # an argument without a default (no ignore_argument mutant)
+
+
+@dataclass(frozen=True)
+class Op:
+    """Everything etprop knows about one op of the vocabulary; the other
+    tables (the builder's rounding classes, the quantized reference's, the
+    semantic mutants, the coverage space, the strategies' GEMM and twin
+    lists) are derived from these records.
+
+    - ``family`` groups ops for coverage reports and for the claims flows
+      make (oracles/coverage.py); ``render`` writes a node as an expression.
+    - ``arguments``: every argument a strategy draws, with its default
+      (``REQUIRED`` when it has none); None for ops whose arguments live
+      elsewhere (a layer's per type, semantic_mutants.LAYER_ARGUMENTS).
+    - ``rounding`` (the tolerance model, docs/tolerance.md): ``exact`` (the
+      result is exact given the operands), ``sums`` (the rounding error scales
+      with the sum of the terms' sizes), ``terms`` (the textbook formula
+      cancels terms, whose size ``terms`` renders from the operands and
+      ``aten_terms`` computes from the ATen op's arguments), or ``ulp``.
+    - ``relative``: the nearest other op of the same signature (a semantic
+      mutant); ``axis``: it works along an axis; ``binary``: two operands,
+      the second a value, state or scalar; ``gemm``, ``bias``: a GEMM, one
+      with a bias operand; ``state_operand``: it reads a parameter a mutant
+      can swap; ``twinnable``: a twin with its own parameters can be drawn.
+    - ``own_output_via_float64``: its renderer places the output cast of
+      that neutralization itself; ``neutralizations``: the rewrite attributes
+      its renderer accepts (etprop/program/neutralize.py)."""
+
+    family: str
+    render: Render
+    arguments: dict | None = field(default_factory=dict)
+    rounding: str = "ulp"
+    terms: Callable[[list[str], dict], str] | None = None
+    aten_terms: Callable | None = None
+    relative: str | None = None
+    axis: bool = False
+    binary: bool = False
+    gemm: bool = False
+    bias: bool = False
+    state_operand: bool = False
+    twinnable: bool = False
+    own_output_via_float64: bool = False
+    neutralizations: tuple[str, ...] = ()
+
+
+ROUNDING_CLASSES = ("exact", "sums", "terms", "ulp")
+
+_CONV_ARGS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
+_POOL_ARGS = {"kernel_size": REQUIRED, "stride": None, "padding": 0, "ceil_mode": False}
+_REDUCE_ARGS = {"dim": REQUIRED, "keepdim": False}
+_CONV_NEUTRALIZATIONS = ("input_via_float64", "input_copy", "same_padding_explicit", "pad_output", "pad_by_cat")
+
+
+def _abs(tensor):
+    return tensor.double().abs()
+
+
+def _gemm(render: Render, relative: str | None, arguments: dict, bias: bool = False, **facts) -> Op:
+    return Op(
+        "gemm",
+        render,
+        arguments,
+        rounding="sums",
+        relative=relative,
+        gemm=True,
+        bias=bias,
+        state_operand=True,
+        twinnable=True,
+        **facts,
+    )
+
+
+def _binary_op(render: Render, relative: str, arguments: dict, rounding: str = "ulp") -> Op:
+    return Op(
+        "binary",
+        render,
+        arguments,
+        rounding=rounding,
+        relative=relative,
+        binary=True,
+        state_operand=True,
+        twinnable=True,
+        neutralizations=("input_via_float64",),
+    )
+
+
+OP_TABLE: dict[str, Op] = {
     # GEMMs
-    "layer": ("gemm", _layer),  # nn.Linear / ConvNd / ConvTransposeNd / norms
-    "linear": ("gemm", _linear_functional),
-    "conv1d": ("gemm", _conv_functional(1, False)),
-    "conv2d": ("gemm", _conv_functional(2, False)),
-    "conv_transpose1d": ("gemm", _conv_functional(1, True)),
-    "conv_transpose2d": ("gemm", _conv_functional(2, True)),
-    "addmm": ("gemm", _addmm),
-    "mm": ("gemm", _gemm_functional("torch.mm")),
-    "bmm": ("gemm", _gemm_functional("torch.bmm")),
-    "matmul": ("gemm", _gemm_functional("torch.matmul")),
+    "layer": Op(
+        "gemm",
+        _layer,
+        None,
+        rounding="sums",
+        own_output_via_float64=True,
+        neutralizations=(
+            "two_pass",
+            "layer_norm_two_pass",
+            "input_copy",
+            "input_via_float64",
+            "by_hand",
+            "pad_output",
+            "pad_by_cat",
+            "same_padding_explicit",
+            "circular_padding_explicit",
+        ),
+    ),  # nn.Linear / ConvNd / ConvTransposeNd / norms
+    "linear": _gemm(
+        _linear_functional, "matmul", {}, bias=True, neutralizations=("separate_bias", "input_via_float64")
+    ),
+    "conv1d": _gemm(
+        _conv_functional(1, False),
+        "conv_transpose1d",
+        dict(_CONV_ARGS),
+        bias=True,
+        own_output_via_float64=True,
+        neutralizations=_CONV_NEUTRALIZATIONS,
+    ),
+    "conv2d": _gemm(
+        _conv_functional(2, False),
+        "conv_transpose2d",
+        dict(_CONV_ARGS),
+        bias=True,
+        own_output_via_float64=True,
+        neutralizations=_CONV_NEUTRALIZATIONS,
+    ),
+    "conv_transpose1d": _gemm(
+        _conv_functional(1, True),
+        "conv1d",
+        {**_CONV_ARGS, "output_padding": 0},
+        bias=True,
+        own_output_via_float64=True,
+        neutralizations=_CONV_NEUTRALIZATIONS,
+    ),
+    "conv_transpose2d": _gemm(
+        _conv_functional(2, True),
+        "conv2d",
+        {**_CONV_ARGS, "output_padding": 0},
+        bias=True,
+        own_output_via_float64=True,
+        neutralizations=_CONV_NEUTRALIZATIONS,
+    ),
+    "addmm": _gemm(_addmm, None, {"alpha": 1, "beta": 1}, neutralizations=("separate_bias",)),
+    "mm": _gemm(_gemm_functional("torch.mm"), "matmul", {}),
+    "bmm": _gemm(_gemm_functional("torch.bmm"), "matmul", {}),
+    "matmul": _gemm(_gemm_functional("torch.matmul"), "mm", {}),
     # unary elementwise and activations
-    "relu": ("activation", _call("torch.relu")),
-    "gelu": ("activation", _call("F.gelu", "approximate")),
-    "sigmoid": ("activation", _call("torch.sigmoid")),
-    "tanh": ("activation", _call("torch.tanh")),
-    "silu": ("activation", _call("F.silu")),
-    "hardswish": ("activation", _call("F.hardswish")),
-    "hardsigmoid": ("activation", _call("F.hardsigmoid")),
-    "hardtanh": ("activation", _call("F.hardtanh", "min_val", "max_val")),
-    "leaky_relu": ("activation", _call("F.leaky_relu", "negative_slope")),
-    "elu": ("activation", _call("F.elu", "alpha")),
-    "softplus": ("activation", _call("F.softplus", "beta", "threshold")),
-    "clamp": ("elementwise", _call("torch.clamp", "min", "max")),
-    "abs": ("elementwise", _call("torch.abs")),
-    "neg": ("elementwise", _call("torch.neg")),
-    "square": ("elementwise", _call("torch.square")),
-    "sqrt_abs": ("elementwise", lambda a, at, s: f"torch.sqrt(torch.abs({a[0]}))"),
-    "exp_bounded": ("elementwise", lambda a, at, s: f"torch.exp(torch.tanh({a[0]}))"),
-    "floor": ("elementwise", _call("torch.floor")),
-    "ceil": ("elementwise", _call("torch.ceil")),
-    "round": ("elementwise", _call("torch.round")),
+    "relu": Op("activation", _call("torch.relu"), rounding="exact", relative="leaky_relu"),
+    "gelu": Op(
+        "activation",
+        _call("F.gelu", "approximate"),
+        {"approximate": "none"},
+        rounding="terms",
+        terms=lambda a, at: f"{a[0]}.abs()",
+        aten_terms=lambda x, *rest: _abs(x),
+        relative="silu",
+    ),
+    "sigmoid": Op("activation", _call("torch.sigmoid"), relative="hardsigmoid"),
+    "tanh": Op("activation", _call("torch.tanh"), relative="hardtanh"),
+    "silu": Op("activation", _call("F.silu"), relative="gelu"),
+    "hardswish": Op(
+        "activation",
+        _call("F.hardswish"),
+        rounding="terms",
+        terms=lambda a, at: f"{a[0]}.abs() * ({a[0]}.abs() + 3) / 6",
+        aten_terms=lambda x, *rest: _abs(x) * (_abs(x) + 3) / 6,
+        relative="silu",
+    ),
+    "hardsigmoid": Op(
+        "activation",
+        _call("F.hardsigmoid"),
+        rounding="terms",
+        terms=lambda a, at: f"({a[0]}.abs() + 3) / 6",
+        aten_terms=lambda x, *rest: (_abs(x) + 3) / 6,
+        relative="sigmoid",
+    ),
+    "hardtanh": Op(
+        "activation",
+        _call("F.hardtanh", "min_val", "max_val"),
+        {"min_val": -1.0, "max_val": 1.0},
+        rounding="exact",
+        relative="tanh",
+    ),
+    "leaky_relu": Op("activation", _call("F.leaky_relu", "negative_slope"), {"negative_slope": 0.01}, relative="relu"),
+    "elu": Op(
+        "activation",
+        _call("F.elu", "alpha"),
+        {"alpha": 1.0},
+        rounding="terms",
+        terms=lambda a, at: f"torch.full_like({a[0]}, {abs(at.get('alpha', 1.0))!r})",
+        aten_terms=lambda x, alpha=1.0, *rest: _abs(x).new_full(x.shape, abs(alpha)),
+        relative="leaky_relu",
+    ),
+    "softplus": Op(
+        "activation",
+        _call("F.softplus", "beta", "threshold"),
+        {"beta": 1.0, "threshold": 20.0},
+        rounding="terms",
+        terms=lambda a, at: f"torch.full_like({a[0]}, {1 / abs(at.get('beta', 1.0))!r})",
+        aten_terms=lambda x, beta=1.0, *rest: _abs(x).new_full(x.shape, 1 / abs(beta)),
+        relative="relu",
+    ),
+    "clamp": Op(
+        "elementwise",
+        _call("torch.clamp", "min", "max"),
+        {"min": None, "max": None},
+        rounding="exact",
+        relative="hardtanh",
+    ),
+    "abs": Op("elementwise", _call("torch.abs"), rounding="exact", relative="relu"),
+    "neg": Op("elementwise", _call("torch.neg"), rounding="exact", relative="abs"),
+    "square": Op("elementwise", _call("torch.square"), relative="abs"),
+    "sqrt_abs": Op("elementwise", lambda a, at, s: f"torch.sqrt(torch.abs({a[0]}))", relative="abs"),
+    "exp_bounded": Op("elementwise", lambda a, at, s: f"torch.exp(torch.tanh({a[0]}))", relative="tanh"),
+    "floor": Op("elementwise", _call("torch.floor"), rounding="exact", relative="ceil"),
+    "ceil": Op("elementwise", _call("torch.ceil"), rounding="exact", relative="floor"),
+    "round": Op("elementwise", _call("torch.round"), rounding="exact", relative="floor"),
     # dtype round trips: a float64 and an int64 intermediate, what Core AI's
     # default passes narrow to 32 bits at delegate boundaries
-    "via_float64": ("dtype", lambda a, at, s: f"({a[0]}.to(torch.float64) * 1.5).to({a[0]}.dtype)"),
-    "via_int64": ("dtype", lambda a, at, s: f"torch.trunc({a[0]} * 4).to(torch.int64).to({a[0]}.dtype)"),
+    "via_float64": Op(
+        "dtype", lambda a, at, s: f"({a[0]}.to(torch.float64) * 1.5).to({a[0]}.dtype)", relative="via_int64"
+    ),
+    "via_int64": Op(
+        "dtype",
+        lambda a, at, s: f"torch.trunc({a[0]} * 4).to(torch.int64).to({a[0]}.dtype)",
+        rounding="exact",
+        relative="via_float64",
+    ),
     # binary elementwise
-    "add": ("binary", _binary_with_state("torch.add", "alpha")),
-    "sub": ("binary", _binary_with_state("torch.sub", "alpha")),
-    "mul": ("binary", _binary_with_state("torch.mul")),
-    "div": ("binary", _binary_with_state("torch.div", "rounding_mode")),
-    "maximum": ("binary", _binary_with_state("torch.maximum")),
-    "minimum": ("binary", _binary_with_state("torch.minimum")),
+    "add": _binary_op(_binary_with_state("torch.add", "alpha"), "sub", {"alpha": 1}, rounding="sums"),
+    "sub": _binary_op(_binary_with_state("torch.sub", "alpha"), "add", {"alpha": 1}, rounding="sums"),
+    "mul": _binary_op(_binary_with_state("torch.mul"), "div", {}),
+    "div": _binary_op(_binary_with_state("torch.div", "rounding_mode"), "mul", {"rounding_mode": None}),
+    "maximum": _binary_op(_binary_with_state("torch.maximum"), "minimum", {}, rounding="exact"),
+    "minimum": _binary_op(_binary_with_state("torch.minimum"), "maximum", {}, rounding="exact"),
     # reductions and softmax-like
-    "sum": ("reduction", _call("torch.sum", "dim", "keepdim")),
-    "mean": ("reduction", _call("torch.mean", "dim", "keepdim")),
-    "amax": ("reduction", _call("torch.amax", "dim", "keepdim")),
-    "amin": ("reduction", _call("torch.amin", "dim", "keepdim")),
-    "var": ("reduction", lambda a, at, s: _var(a, at)),
-    "softmax": ("softmax", _call("torch.softmax", "dim")),
-    "log_softmax": ("softmax", _call("torch.log_softmax", "dim")),
+    "sum": Op(
+        "reduction", _call("torch.sum", "dim", "keepdim"), dict(_REDUCE_ARGS), "sums", relative="mean", axis=True
+    ),
+    "mean": Op(
+        "reduction", _call("torch.mean", "dim", "keepdim"), dict(_REDUCE_ARGS), "sums", relative="sum", axis=True
+    ),
+    "amax": Op(
+        "reduction", _call("torch.amax", "dim", "keepdim"), dict(_REDUCE_ARGS), "exact", relative="amin", axis=True
+    ),
+    "amin": Op(
+        "reduction", _call("torch.amin", "dim", "keepdim"), dict(_REDUCE_ARGS), "exact", relative="amax", axis=True
+    ),
+    "var": Op(
+        "reduction",
+        lambda a, at, s: _var(a, at),
+        {**_REDUCE_ARGS, "correction": 1},
+        rounding="terms",
+        terms=lambda a, at: f"_var_terms({a[0]}, {at.get('dim')!r}, {at.get('keepdim', False)!r})",
+        relative="mean",
+        axis=True,
+        neutralizations=("in_float32",),
+    ),
+    "softmax": Op("softmax", _call("torch.softmax", "dim"), {"dim": REQUIRED}, relative="log_softmax", axis=True),
+    "log_softmax": Op(
+        "softmax",
+        _call("torch.log_softmax", "dim"),
+        {"dim": REQUIRED},
+        rounding="terms",
+        terms=lambda a, at: f"{a[0]}.abs() + torch.logsumexp({a[0]}, dim={at['dim']!r}, keepdim=True).abs()",
+        aten_terms=lambda x, dim, *rest: _abs(x) + x.double().logsumexp(dim=dim, keepdim=True).abs(),
+        relative="softmax",
+        axis=True,
+    ),
     # views and data movement
-    "reshape": ("view", lambda a, at, s: f"{a[0]}.reshape({tuple(at['shape'])!r})"),
-    "permute": ("view", lambda a, at, s: f"{a[0]}.permute({tuple(at['dims'])!r})"),
-    "transpose": ("view", lambda a, at, s: f"{a[0]}.transpose({at['dim0']!r}, {at['dim1']!r})"),
-    "flatten": ("view", _call("torch.flatten", "start_dim", "end_dim")),
-    "unsqueeze": ("view", lambda a, at, s: f"{a[0]}.unsqueeze({at['dim']!r})"),
-    "squeeze": ("view", lambda a, at, s: f"{a[0]}.squeeze({at['dim']!r})"),
-    "slice": ("view", _slice),
-    "cat": ("view", _cat),
+    "reshape": Op(
+        "view", lambda a, at, s: f"{a[0]}.reshape({tuple(at['shape'])!r})", {"shape": REQUIRED}, rounding="exact"
+    ),
+    "permute": Op(
+        "view", lambda a, at, s: f"{a[0]}.permute({tuple(at['dims'])!r})", {"dims": REQUIRED}, rounding="exact"
+    ),
+    "transpose": Op(
+        "view",
+        lambda a, at, s: f"{a[0]}.transpose({at['dim0']!r}, {at['dim1']!r})",
+        {"dim0": REQUIRED, "dim1": REQUIRED},
+        rounding="exact",
+    ),
+    "flatten": Op(
+        "view", _call("torch.flatten", "start_dim", "end_dim"), {"start_dim": 0, "end_dim": -1}, "exact", axis=True
+    ),
+    "unsqueeze": Op("view", lambda a, at, s: f"{a[0]}.unsqueeze({at['dim']!r})", {"dim": REQUIRED}, rounding="exact"),
+    "squeeze": Op("view", lambda a, at, s: f"{a[0]}.squeeze({at['dim']!r})", {"dim": REQUIRED}, rounding="exact"),
+    "slice": Op("view", _slice, {"dim": 0, "start": None, "end": None, "step": 1}, rounding="exact", axis=True),
+    "cat": Op("view", _cat, {"dim": 0}, rounding="exact", axis=True),
     # pooling
-    "max_pool1d": ("pool", _call("F.max_pool1d", "kernel_size", "stride", "padding", "dilation", "ceil_mode")),
-    "max_pool2d": ("pool", _call("F.max_pool2d", "kernel_size", "stride", "padding", "dilation", "ceil_mode")),
-    "avg_pool1d": (
+    "max_pool1d": Op(
+        "pool",
+        _call("F.max_pool1d", "kernel_size", "stride", "padding", "dilation", "ceil_mode"),
+        {**_POOL_ARGS, "dilation": 1},
+        rounding="exact",
+        relative="avg_pool1d",
+    ),
+    "max_pool2d": Op(
+        "pool",
+        _call("F.max_pool2d", "kernel_size", "stride", "padding", "dilation", "ceil_mode"),
+        {**_POOL_ARGS, "dilation": 1},
+        rounding="exact",
+        relative="avg_pool2d",
+    ),
+    "avg_pool1d": Op(
         "pool",
         _avg_pool("F.avg_pool1d", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad"),
+        {**_POOL_ARGS, "count_include_pad": True},
+        rounding="sums",
+        relative="max_pool1d",
+        neutralizations=("by_sums",),
     ),
-    "avg_pool2d": (
+    "avg_pool2d": Op(
         "pool",
         _avg_pool(
             "F.avg_pool2d", "kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor_override"
         ),
+        {**_POOL_ARGS, "count_include_pad": True, "divisor_override": None},
+        rounding="sums",
+        relative="max_pool2d",
+        neutralizations=("by_sums",),
     ),
-    "adaptive_avg_pool2d": ("pool", _call("F.adaptive_avg_pool2d", "output_size")),
+    "adaptive_avg_pool2d": Op(
+        "pool", _call("F.adaptive_avg_pool2d", "output_size"), {"output_size": REQUIRED}, rounding="sums"
+    ),
     # resampling
-    "interpolate": ("resample", lambda a, at, s: _interpolate(a, at)),
-    "pixel_shuffle": ("resample", _call("F.pixel_shuffle", "upscale_factor")),
-    "pixel_unshuffle": ("resample", _call("F.pixel_unshuffle", "downscale_factor")),
+    "interpolate": Op(
+        "resample",
+        lambda a, at, s: _interpolate(a, at),
+        {
+            "mode": "nearest",
+            "size": REQUIRED,
+            "scale_factor": REQUIRED,
+            "align_corners": None,
+            "recompute_scale_factor": None,
+            "antialias": False,
+        },
+        rounding="sums",
+        neutralizations=("by_index", "antialias_widened"),
+    ),
+    "pixel_shuffle": Op(
+        "resample", _call("F.pixel_shuffle", "upscale_factor"), {"upscale_factor": REQUIRED}, rounding="exact"
+    ),
+    "pixel_unshuffle": Op(
+        "resample", _call("F.pixel_unshuffle", "downscale_factor"), {"downscale_factor": REQUIRED}, rounding="exact"
+    ),
     # state
-    "buffer_update": ("state", _state_update),
+    "buffer_update": Op("state", _state_update, None, neutralizations=("in_place", "expand_source")),
+    # ExecuTorch's backend suite: its float ops beyond the above
+    "log": Op("elementwise", _call("torch.log"), relative="log2"),
+    "log2": Op("elementwise", _call("torch.log2"), relative="log"),
+    "log10": Op("elementwise", _call("torch.log10"), relative="log"),
+    "log1p": Op("elementwise", _call("torch.log1p"), relative="log"),
+    "rsqrt": Op("elementwise", _call("torch.rsqrt"), relative="sqrt_abs"),
+    "pow": Op("elementwise", lambda a, at, s: f"torch.pow({a[0]}, {at['exponent']!r})", {"exponent": REQUIRED}),
+    "trunc": Op("elementwise", _call("torch.trunc"), rounding="exact", relative="floor"),
+    "threshold": Op(
+        "activation",
+        lambda a, at, s: f"F.threshold({a[0]}, {at['threshold']!r}, {at['value']!r})",
+        {"threshold": REQUIRED, "value": REQUIRED},
+        rounding="exact",
+        relative="relu",
+    ),
+    # log(sigmoid(x)) computed as such loses -exp(-x) to 1 - sigmoid: terms of size 1.
+    "logsigmoid": Op(
+        "activation",
+        _call("F.logsigmoid"),
+        rounding="terms",
+        terms=lambda a, at: f"torch.ones_like({a[0]})",
+        relative="sigmoid",
+    ),
+    "glu": Op("activation", _call("F.glu", "dim"), {"dim": -1}, axis=True),
+    "prelu": Op("activation", _prelu, {}, state_operand=True, neutralizations=("as_4d",)),
+    # Not twinnable: flooring hides most of the difference between two twins' parameters.
+    "floor_divide": replace(_binary_op(_binary_with_state("torch.floor_divide"), "div", {}), twinnable=False),
+    "max_dim": Op(
+        "reduction",
+        lambda a, at, s: f"torch.max({a[0]}, {at['dim']!r}, keepdim={at.get('keepdim', False)!r}).values",
+        dict(_REDUCE_ARGS),
+        rounding="exact",
+        relative="min_dim",
+        axis=True,
+    ),
+    "min_dim": Op(
+        "reduction",
+        lambda a, at, s: f"torch.min({a[0]}, {at['dim']!r}, keepdim={at.get('keepdim', False)!r}).values",
+        dict(_REDUCE_ARGS),
+        rounding="exact",
+        relative="max_dim",
+        axis=True,
+    ),
+    "select": Op(
+        "view",
+        lambda a, at, s: f"{a[0]}.select({at['dim']!r}, {at['index']!r})",
+        {"dim": REQUIRED, "index": REQUIRED},
+        rounding="exact",
+    ),
+    "split": Op(
+        "view",
+        lambda a, at, s: f"torch.split({a[0]}, {at['split_size']!r}, dim={at.get('dim', 0)!r})[{at['chunk']!r}]",
+        {"split_size": REQUIRED, "dim": 0, "chunk": REQUIRED},
+        rounding="exact",
+    ),
+    "stack": Op(
+        "view", lambda a, at, s: f"torch.stack([{', '.join(a)}], dim={at.get('dim', 0)!r})", {"dim": 0}, "exact"
+    ),
+    "expand": Op(
+        "view", lambda a, at, s: f"{a[0]}.expand({tuple(at['shape'])!r})", {"shape": REQUIRED}, rounding="exact"
+    ),
+    "adaptive_avg_pool1d": Op(
+        "pool",
+        _call("F.adaptive_avg_pool1d", "output_size"),
+        {"output_size": REQUIRED},
+        rounding="sums",
+    ),
 }
+for _name, _op in OP_TABLE.items():
+    assert _op.rounding in ROUNDING_CLASSES, _name
+    assert (_op.rounding == "terms") == (_op.terms is not None), _name
+
+# The views the older code reads: op -> (family, renderer).
+OPS: dict[str, tuple[str, Render]] = {name: (op.family, op.render) for name, op in OP_TABLE.items()}
 
 CONTROL_FLOW_OPS = ("cond", "map", "scan", "while_loop")
 
 # The dtypes in which the strategies draw an (op, argument) when not every
 # dtype: PyTorch has no half-precision CPU kernel for antialiased resampling.
 ARGUMENT_DTYPES = {("interpolate", "antialias"): ("float32",)}
-
-# Ops whose renderer places ``output_via_float64`` itself (before an output
-# padding); any other op's result is wrapped whole.
-_OWN_OUTPUT_VIA_FLOAT64 = ("layer", "conv1d", "conv2d", "conv_transpose1d", "conv_transpose2d")
 
 
 def family(op: str) -> str:
@@ -373,7 +717,7 @@ def render(node: dict, args: list[str]) -> str:
     if "input_channels" in attrs:
         args = [f"{args[0]}[:, :{attrs['input_channels']}]", *args[1:]]
     expression = renderer(args, attrs, node.get("state"))
-    if attrs.get("output_via_float64") and node["op"] not in _OWN_OUTPUT_VIA_FLOAT64:
+    if attrs.get("output_via_float64") and not OP_TABLE[node["op"]].own_output_via_float64:
         expression = f"_via_float64({expression})"
     if "fit_shape" in attrs:
         expression = f"_fit_shape({expression}, {tuple(attrs['fit_shape'])!r})"
