@@ -575,6 +575,47 @@ def draw_group_norm(draw, g):
     return g.add("layer", [x], state=g.program.add_state("n", {"kind": "layer", "type": "GroupNorm", "kwargs": kwargs}))
 
 
+_FUSED_ACTIVATIONS = [
+    ("relu", {}),
+    ("hardtanh", {"min_val": 0.0, "max_val": 6.0}),
+    ("hardtanh", {}),
+    ("clamp", {"min": 0.0}),
+    ("clamp", {"min": -1.0, "max": 1.0}),
+]
+
+
+def draw_idiom(draw, g):
+    """A pattern that lowering passes and quantizer annotators fuse, in the
+    order models write it: a convolution then its batch norm, a GEMM or an
+    add then an activation (relu, relu6 as hardtanh, a clamp), a GEMM then
+    both. The random graph rarely draws a producer straight into its fusing
+    consumer, so these paths are otherwise left alone."""
+    first = draw(st.sampled_from(["conv_batch_norm", "gemm_activation", "add_activation"]))
+    if first == "conv_batch_norm":
+        value = draw(st.sampled_from([d for d in DRAWERS if d[0] in ("conv1d", "conv2d", "conv_transpose2d")]))[1](
+            draw, g
+        )
+        if value is None or value.rank not in (3, 4):
+            return value
+        layer_type = "BatchNorm2d" if value.rank == 4 else "BatchNorm1d"
+        kwargs = {
+            "num_features": value.shape[1],
+            "eps": draw(st.sampled_from([1e-5, 1e-3])),
+            "affine": draw(st.booleans()),
+        }
+        value = g.add(
+            "layer", [value], state=g.program.add_state("n", {"kind": "layer", "type": layer_type, "kwargs": kwargs})
+        )
+    elif first == "gemm_activation":
+        value = draw(st.sampled_from(GEMM_DRAWERS))[1](draw, g)
+    else:
+        value = _binary("add")(draw, g)
+    if value is None or (first == "conv_batch_norm" and draw(st.booleans())):
+        return value
+    op, attrs = draw(st.sampled_from(_FUSED_ACTIVATIONS))
+    return g.add(op, [value], dict(attrs))
+
+
 def draw_buffer_update(draw, g):
     """A mutable buffer updated in place (a running state, a KV-cache slot):
     the runtime must start from the buffer's initial value, as eager does."""
@@ -800,6 +841,7 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("stack", draw_stack),
     ("expand", draw_expand),
     ("adaptive_avg_pool1d", _adaptive_pool("adaptive_avg_pool1d", 1)),
+    ("idiom", draw_idiom),
 ]
 
 # Ops of ExecuTorch's backend suite (executorch/backends/test/suite/operators,
