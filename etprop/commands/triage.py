@@ -339,6 +339,55 @@ def _oracles_for(spec: dict) -> tuple[str, list]:
     return ("multi_method", MULTI_METHOD) if len(spec["methods"]) > 1 else ("mixed", SINGLE_FLOW)
 
 
+class _GroupRun:
+    """One group's shrinking: its representative repro, where progress is
+    kept, and the test a candidate spec must pass to count as the same failure."""
+
+    def __init__(self, triage: Triage, group: Group, session):
+        from etprop import flows as flowreg
+        from etprop.commands.replay import oracles_for
+
+        self.group, self.session = group, session
+        self.member = repro.read(group.representative["repro"])
+        self.directory = triage.directory(group.key)
+        self.progress = self.directory / "progress.json"
+        self.start = repro.read(self.progress)["spec"] if self.progress.exists() else self.member["spec"]
+        self.flows = [flowreg.get_available(name) for name in self.member["flows"]]
+        self.oracles = oracles_for(self.member["property"])
+        self.message = ""  # the failure's message on the last spec that kept it
+
+    def same_failure(self, spec: dict) -> bool:
+        """Whether ``spec`` fails on the group's flow with the group's
+        signature. Attributed: a candidate that brings a known finding's cause
+        back fails as that finding, not as this defect."""
+        from etprop.lowering.pipeline import ExportFailed
+
+        try:
+            result = self.session.run(spec, self.flows, self.member["property"], self.oracles, attribute=True)
+        except ExportFailed:
+            return False
+        for flow_result in result.results:
+            if (
+                flow_result.flow == self.group.flow
+                and not flow_result.known
+                and signature(flow_result.flow, flow_result.outcome.value, flow_result.message) == self.group.signature
+            ):
+                self.message = flow_result.message
+                return True
+        return False
+
+    def keep_progress(self, shrunk) -> None:
+        repro.write(
+            self.progress,
+            shrunk.spec,
+            self.member["flows"],
+            self.member["property"],
+            self.group.outcome,
+            self.message,
+            script=False,
+        )
+
+
 def triage_group(
     triage: Triage,
     group: Group,
@@ -349,109 +398,95 @@ def triage_group(
 ) -> Optional[Defect]:
     """Shrink one group and place it; None when the deadline came first (the
     progress is kept for the next run)."""
-    from etprop import flows as flowreg
-    from etprop.commands.replay import oracles_for
     from etprop.commands.shrink import shrink_to
-    from etprop.lowering.pipeline import ExportFailed
 
-    member = repro.read(group.representative["repro"])
-    directory = triage.directory(group.key)
-    progress = directory / "progress.json"
-    start = repro.read(progress)["spec"] if progress.exists() else member["spec"]
-    flows = [flowreg.get_available(name) for name in member["flows"]]
-    oracles = oracles_for(member["property"])
-    last = {}
-
-    def same_failure(spec: dict) -> bool:
-        try:
-            # Attributed: a candidate that brings a known finding's cause back
-            # fails as that finding, not as this defect.
-            result = session.run(spec, flows, member["property"], oracles, attribute=True)
-        except ExportFailed:
-            return False
-        for flow_result in result.results:
-            if (
-                flow_result.flow == group.flow
-                and not flow_result.known
-                and signature(flow_result.flow, flow_result.outcome.value, flow_result.message) == group.signature
-            ):
-                last["message"] = flow_result.message
-                return True
-        return False
-
+    run = _GroupRun(triage, group, session)
     log(
         f"triage {group.key}: {group.signature} ({len(group.members)} hit(s)); "
-        f"shrinking {specmod.count_ops(start)} nodes"
+        f"shrinking {specmod.count_ops(run.start)} nodes"
     )
-    if not same_failure(start):
-        defect = Defect(
-            group.key,
-            group.signature,
-            group.flow,
-            group.outcome,
-            member["property"],
-            "did not recur when run again",
-            {},
-            [],
-            specmod.count_ops(start),
-            False,
-            member.get("message", ""),
-            reproduced=False,
-        )
-        triage.save(defect)
-        return defect
-
-    def keep_progress(shrunk) -> None:
-        repro.write(
-            progress,
-            shrunk.spec,
-            member["flows"],
-            member["property"],
-            group.outcome,
-            last.get("message", ""),
-            script=False,
-        )
-
-    shrunk = shrink_to(start, same_failure, log=log, max_checks=max_checks, deadline=deadline, on_kept=keep_progress)
+    if not run.same_failure(run.start):
+        return _save_not_recurring(triage, run)
+    shrunk = shrink_to(
+        run.start, run.same_failure, log=log, max_checks=max_checks, deadline=deadline, on_kept=run.keep_progress
+    )
     if not shrunk.one_minimal and deadline is not None and time.time() > deadline:
-        keep_progress(shrunk)
+        run.keep_progress(shrunk)
         log(f"triage {group.key}: budget spent at {specmod.count_ops(shrunk.spec)} nodes; queued")
         return None
-    spec = shrunk.spec
-    known = _known_when_shrunk(session, spec, flows, member["property"], oracles, group.flow)
+    known = _known_when_shrunk(session, shrunk.spec, run.flows, run.member["property"], run.oracles, group.flow)
     if known:
-        return _record_as_known(triage, group, member, spec, shrunk, known, log)
+        return _record_as_known(triage, group, run.member, shrunk.spec, shrunk, known, log)
+    same = _defect_with_the_same_minimal_program(triage, group.key, shrunk.spec)
+    if same is not None:
+        log(f"triage {group.key}: the same minimal program as {same.key}; merged")
+        triage.merge(same, [group.key])
+        run.progress.unlink(missing_ok=True)
+        return same
+    verdicts, signatures = _place(session, shrunk.spec)
+    return _save_placed(triage, run, shrunk, verdicts, signatures, log)
+
+
+def _save_not_recurring(triage: Triage, run: _GroupRun) -> Defect:
+    group = run.group
+    defect = Defect(
+        group.key,
+        group.signature,
+        group.flow,
+        group.outcome,
+        run.member["property"],
+        "did not recur when run again",
+        {},
+        [],
+        specmod.count_ops(run.start),
+        False,
+        run.member.get("message", ""),
+        reproduced=False,
+    )
+    triage.save(defect)
+    return defect
+
+
+def _defect_with_the_same_minimal_program(triage: Triage, key: str, spec: dict) -> Optional[Defect]:
+    """Another reproduced defect whose shrunk program is ``spec`` up to names."""
     mine = canonical(spec)
     for other in triage.defects().values():
-        if (
-            other.key != group.key
-            and other.reproduced
-            and (triage.directory(other.key) / "shrunk.json").exists()
-            and canonical(repro.read(triage.directory(other.key) / "shrunk.json")["spec"]) == mine
-        ):
-            log(f"triage {group.key}: the same minimal program as {other.key}; merged")
-            triage.merge(other, [group.key])
-            progress.unlink(missing_ok=True)
+        shrunk = triage.directory(other.key) / "shrunk.json"
+        if other.key != key and other.reproduced and shrunk.exists() and canonical(repro.read(shrunk)["spec"]) == mine:
             return other
+    return None
+
+
+def _place(session, spec: dict) -> tuple[dict, dict]:
+    """The minimal program on every available flow: each flow's outcome, and
+    the signature of each failure."""
+    from etprop import flows as flowreg
+    from etprop.lowering.pipeline import ExportFailed
+
     everywhere = [flowreg.get(name) for name in session.available_flows()]
     layer_property, layer_oracles = _oracles_for(spec)
     try:
         placed = session.run(spec, everywhere, layer_property, layer_oracles)
-        verdicts = {r.flow: r.outcome.value for r in placed.results}
-        signatures = {
-            r.flow: signature(r.flow, r.outcome.value, r.message) for r in placed.results if r.outcome.is_failure
-        }
     except ExportFailed:
-        verdicts, signatures = {}, {}
+        return {}, {}
+    verdicts = {r.flow: r.outcome.value for r in placed.results}
+    signatures = {r.flow: signature(r.flow, r.outcome.value, r.message) for r in placed.results if r.outcome.is_failure}
+    return verdicts, signatures
+
+
+def _save_placed(triage: Triage, run: _GroupRun, shrunk, verdicts: dict, signatures: dict, log) -> Defect:
+    """The defect of a shrunk group, named by its layer: the flows that fail
+    the same way; its minimal program, standalone script and draft report."""
+    from etprop import flows as flowreg
+
+    group, member, spec = run.group, run.member, shrunk.spec
     # The defect's own flow fails by its signature, judged by its property's oracles
     # (a differential failure needs its baseline beside it).
     verdicts[group.flow] = group.outcome
-    # The layer is named by the flows that fail the same way; another failure
-    # of the minimal program on some flow is another defect's business.
+    # Another failure of the minimal program on some flow is another defect's business.
     kind = group.signature.split(" | ", 1)[1]
     same_way = sorted({group.flow} | {flow for flow, sig in signatures.items() if sig.split(" | ", 1)[1] == kind})
     baselines = {f.name: f.baseline for f in flowreg.all_flows()}
-    ops = sorted({node["op"] for _, node in specmod.all_nodes(spec)})
     defect = Defect(
         group.key,
         group.signature,
@@ -460,20 +495,20 @@ def triage_group(
         member["property"],
         layer({flow: verdicts[flow] for flow in same_way}, baselines),
         verdicts,
-        ops,
+        sorted({node["op"] for _, node in specmod.all_nodes(spec)}),
         specmod.count_ops(spec),
         shrunk.one_minimal,
-        last.get("message", member.get("message", "")),
+        run.message or member.get("message", ""),
         same_way=same_way,
     )
-    shrunk_path = _write_shrunk(directory, spec, member, group, defect.message, shrunk)
+    shrunk_path = _write_shrunk(run.directory, spec, member, group, defect.message, shrunk)
     repro.atomic_write(
-        directory / "draft.md", draft(defect, spec, shrunk_path.with_suffix(".py").read_text(), repro.versions())
+        run.directory / "draft.md", draft(defect, spec, shrunk_path.with_suffix(".py").read_text(), repro.versions())
     )
     seen_elsewhere = [key for key, sig in ((_short(s), s) for s in signatures.values()) if key != group.key]
     defect.merged = sorted(set(seen_elsewhere))
     triage.save(defect)
-    progress.unlink(missing_ok=True)
+    run.progress.unlink(missing_ok=True)
     log(f"triage {group.key}: {defect.nodes} node(s), {defect.layer}; fails this way on {', '.join(same_way)}")
     return defect
 
