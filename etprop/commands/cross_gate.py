@@ -26,7 +26,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 from etprop.commands.compare import compare, improved
 from etprop.commands.environments import Environment, EnvironmentFailed, OutOfTime
@@ -454,88 +454,127 @@ def run_cross_gate(args) -> int:
         for python, label in ((args.baseline_env, "baseline"), (args.candidate_env, "candidate"))
     )
     with baseline, candidate:
-        return _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidate_flow)
+        return _gate(_GateRun(args, started, artifacts, baseline, candidate, baseline_flow, candidate_flow))
 
 
 def _versions_line(env: Environment) -> str:
     return ", ".join(f"{name} {version}" for name, version in env.versions.items() if version)
 
 
-def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidate_flow) -> int:
-    lines = [
-        f"etprop gate: {baseline_flow} in {baseline.python} against {candidate_flow} in {candidate.python}; "
-        f"budget {args.minutes:g} min, seed {args.seed}",
-        f"  baseline environment: {_versions_line(baseline)}",
-        f"  candidate environment: {_versions_line(candidate)}",
-    ]
-    print("\n".join(lines), flush=True)
+@dataclass
+class _GateRun:
+    """One cross-environment gate: what it compares, and where its report goes."""
 
-    def finish(verdict: str, code: int, body: list[str]) -> int:
+    args: Any
+    started: float
+    artifacts: Path
+    baseline: Environment
+    candidate: Environment
+    baseline_flow: str
+    candidate_flow: str
+    header: list = field(default_factory=list)
+
+    def __post_init__(self):
+        self.header = [
+            f"etprop gate: {self.baseline_flow} in {self.baseline.python} against {self.candidate_flow} in "
+            f"{self.candidate.python}; budget {self.args.minutes:g} min, seed {self.args.seed}",
+            f"  baseline environment: {_versions_line(self.baseline)}",
+            f"  candidate environment: {_versions_line(self.candidate)}",
+        ]
+
+    def finish(self, verdict: str, code: int, body: list[str]) -> int:
+        """Print what the header did not already print, write gate.md, return ``code``."""
         text = "\n".join(body + [verdict])
-        print("\n".join(body[len(lines) :] + [verdict]) if body[: len(lines)] == lines else text)
-        (artifacts / "gate.md").write_text("```\n" + text + "\n```\n")
+        printed = body[: len(self.header)] == self.header
+        print("\n".join(body[len(self.header) :] + [verdict]) if printed else text)
+        (self.artifacts / "gate.md").write_text("```\n" + text + "\n```\n")
         return code
 
-    missing = baseline.unavailable(baseline_flow)
-    if missing:
-        return finish(f"VERDICT: ERROR: {baseline_flow} cannot run in the baseline environment: {missing}", 3, lines)
-    missing = candidate.unavailable(candidate_flow)
-    if missing:
-        return finish(
-            f"VERDICT: FAIL: {candidate_flow} runs in the baseline environment but not in the candidate "
-            f"environment: {missing}",
-            1,
-            lines,
-        )
-    pack_size = min(
-        coverage.pack_size_for(env.runtimes.get(flow))
-        for env, flow in ((baseline, baseline_flow), (candidate, candidate_flow))
-    )
-    items, wanted = (
-        (program_items(args.programs), set())
-        if args.programs
-        else corpus(args.seed, args.per_family, pack_size=pack_size, flows=(baseline_flow, candidate_flow))
-    )
-    gate = CrossGate(baseline, candidate, baseline_flow, candidate_flow, args.minutes, items)
-    gate.run(started)
+
+def _gate(run: _GateRun) -> int:
+    print("\n".join(run.header), flush=True)
+    unavailable = _unavailable_verdict(run)
+    if unavailable is not None:
+        return unavailable
+    items, wanted = _corpus_for(run)
+    gate = CrossGate(run.baseline, run.candidate, run.baseline_flow, run.candidate_flow, run.args.minutes, items)
+    gate.run(run.started)
     compared = gate.compared()
-    body = list(lines)
-    for label, why in gate.broken.items():
-        body.append(f"the {label} environment's worker failed: {why}")
+    body = list(run.header)
+    body.extend(f"the {label} environment's worker failed: {why}" for label, why in gate.broken.items())
     if not compared:
-        return finish("VERDICT: ERROR: no program ran in both environments", 3, body)
-    regressions = [(item, found) for item in compared if (found := judge(item, baseline.label, candidate.label))]
-    improvements = [
-        item
-        for item in compared
-        if improved(
-            {
-                "flows": [
-                    _flow_record(item.answers[baseline.label], baseline.label),
-                    _flow_record(item.answers[candidate.label], candidate.label),
-                ]
-            }
-        )
-    ]
+        return run.finish("VERDICT: ERROR: no program ran in both environments", 3, body)
+    base, cand = run.baseline.label, run.candidate.label
+    regressions = [(item, found) for item in compared if (found := judge(item, base, cand))]
+    improvements = [item for item in compared if _improved(item, base, cand)]
     sources = Counter(item.source.split(" ")[0] for item in compared)
     body.append(
         f"checked: {len(compared)} programs in both environments "
         f"({', '.join(f'{n} {kind}' for kind, n in sources.items())}; corpus of {len(gate.items)})"
     )
-    body.append(
-        "per program: "
-        + ", ".join(f"{n} {kind}" for kind, n in tally(compared, baseline.label, candidate.label).items())
-    )
+    body.append("per program: " + ", ".join(f"{n} {kind}" for kind, n in tally(compared, base, cand).items()))
     coverage_lines, reached = _coverage(compared, wanted)
     body.extend(coverage_lines)
-    (artifacts / "coverage.json").write_text(
+    (run.artifacts / "coverage.json").write_text(
         json.dumps({"reached": sorted(reached), "not reached": sorted(wanted - reached)}, indent=1)
     )
+    groups = _regression_groups(regressions)
+    _report_regressions(gate, groups, body)
+    body.extend(
+        f"improvement: {item.source}: the candidate passes where the baseline {item.answers[base]['outcome']}"
+        for item in improvements
+    )
+    body.extend(structure_summary(compared, base, cand))
+    _write_answers(run.artifacts, gate)
+    return _verdict(run, gate, compared, regressions, groups, improvements, body)
+
+
+def _unavailable_verdict(run: _GateRun) -> Optional[int]:
+    """The verdict when a flow cannot run in its environment (None when both can)."""
+    missing = run.baseline.unavailable(run.baseline_flow)
+    if missing:
+        return run.finish(
+            f"VERDICT: ERROR: {run.baseline_flow} cannot run in the baseline environment: {missing}", 3, run.header
+        )
+    missing = run.candidate.unavailable(run.candidate_flow)
+    if missing:
+        return run.finish(
+            f"VERDICT: FAIL: {run.candidate_flow} runs in the baseline environment but not in the candidate "
+            f"environment: {missing}",
+            1,
+            run.header,
+        )
+    return None
+
+
+def _corpus_for(run: _GateRun) -> tuple[list, set]:
+    """The user's programs, or the coverage corpus packed for the smaller runtime of the two."""
+    if run.args.programs:
+        return program_items(run.args.programs), set()
+    pack_size = min(
+        coverage.pack_size_for(env.runtimes.get(flow))
+        for env, flow in ((run.baseline, run.baseline_flow), (run.candidate, run.candidate_flow))
+    )
+    return corpus(
+        run.args.seed, run.args.per_family, pack_size=pack_size, flows=(run.baseline_flow, run.candidate_flow)
+    )
+
+
+def _improved(item, base: str, cand: str) -> bool:
+    return improved({"flows": [_flow_record(item.answers[base], base), _flow_record(item.answers[cand], cand)]})
+
+
+def _regression_groups(regressions: list) -> dict[str, list]:
     groups: dict[str, list] = {}
     for item, found in regressions:
-        key = regression_key(found)
-        groups.setdefault(key, []).append((item, found))
-    for key, members in groups.items():
+        groups.setdefault(regression_key(found), []).append((item, found))
+    return groups
+
+
+def _report_regressions(gate: CrossGate, groups: dict[str, list], body: list[str]) -> None:
+    """One line per kind of regression with its smallest program, then the
+    first kinds' smallest programs shrunk in the candidate environment."""
+    for members in groups.values():
         item, found = min(members, key=lambda pair: specmod.count_ops(pair[0].spec))
         first_line = found["message"].splitlines()[0] if found["message"] else found["outcome"]
         body.append(
@@ -548,12 +587,9 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
         if found["kind"] != "structural regression":
             body.append(f"  shrinking: {key[:120]}")
             _shrink(gate, item, found, body)
-    for item in improvements:
-        body.append(
-            f"improvement: {item.source}: the candidate passes where the baseline "
-            f"{item.answers[baseline.label]['outcome']}"
-        )
-    body.extend(structure_summary(compared, baseline.label, candidate.label))
+
+
+def _write_answers(artifacts: Path, gate: CrossGate) -> None:
     (artifacts / "answers.jsonl").write_text(
         "".join(
             json.dumps({"source": i.source, "property": i.prop, "digest": specmod.digest(i.spec), "answers": i.answers})
@@ -561,18 +597,20 @@ def _gate(args, started, artifacts, baseline, candidate, baseline_flow, candidat
             for i in gate.items
         )
     )
+
+
+def _verdict(run: _GateRun, gate, compared, regressions, groups, improvements, body) -> int:
     if groups:
-        first_kind, first_members = next(iter(groups.items()))
-        first = first_members[0][1]
+        first = next(iter(groups.values()))[0][1]
         reason = f"{first['kind']}: {(first['message'].splitlines() or [first['outcome']])[0][:200]}"
-        return finish(
+        return run.finish(
             f"VERDICT: FAIL: {len(regressions)} program(s) regressed in the candidate environment, "
             f"{len(groups)} kind(s); " + (reason if len(groups) == 1 else f"first: {reason}"),
             1,
             body,
         )
     if gate.broken:
-        return finish("VERDICT: ERROR: an environment's worker failed before the corpus was done", 3, body)
-    return finish(
+        return run.finish("VERDICT: ERROR: an environment's worker failed before the corpus was done", 3, body)
+    return run.finish(
         f"VERDICT: PASS: no regression on {len(compared)} programs ({len(improvements)} improvement(s))", 0, body
     )
