@@ -750,6 +750,54 @@ def _adaptive_pool(op: str, dims: int) -> Drawer:
     return draw_adaptive
 
 
+def draw_pad(draw, g):
+    """F.pad over the last one to three dims: constant (negative amounts crop,
+    a fill value or none), or reflect, replicate and circular where PyTorch
+    takes them (an input of one or two more dims than padded, amounts within
+    the size)."""
+    x = g.pick(draw, lambda v: v.rank >= 1)
+    if x is None:
+        return None
+    padded = draw(st.integers(1, min(3, x.rank)))
+    mode = draw(st.sampled_from(["constant", "constant", "reflect", "replicate", "circular"]))
+    if mode != "constant" and x.rank not in (padded + 1, padded + 2):
+        mode = "constant"
+    amounts = []
+    for size in reversed(x.shape[-padded:]):
+        if mode == "constant":
+            low, high = -((size - 1) // 2), 3
+        else:
+            low, high = 0, min(3, size - 1 if mode == "reflect" else size)
+        amounts += [draw(st.integers(low, high)), draw(st.integers(low, high))]
+    attrs: dict = {"pad": amounts}
+    if mode != "constant":
+        attrs["mode"] = mode
+    elif draw(st.booleans()):
+        attrs["value"] = draw(FLOATS)
+    return g.add("pad", [x], attrs)
+
+
+def draw_sdpa(draw, g):
+    """Attention over (batch, [heads,] length, width) values: self-attention
+    (one value as query, key and value) or another value as key and value;
+    causal or not, a scale or the default, and now and then an additive 2-D
+    float mask (the form XNNPACK's SDPA pattern takes)."""
+    q = g.pick(draw, lambda v: v.rank in (3, 4))
+    if q is None:
+        return None
+    kv = g.pick(draw, lambda v: v.rank == q.rank and v.shape[:-2] == q.shape[:-2] and v.shape[-1] == q.shape[-1])
+    attrs: dict = {}
+    if kv.shape[-2] == q.shape[-2] and draw(st.booleans()):
+        attrs["is_causal"] = True
+    if draw(st.booleans()):
+        attrs["scale"] = draw(st.sampled_from([0.125, 0.5, 1.0]))
+    state = None
+    if not attrs.get("is_causal") and draw(st.integers(0, 2)) == 0:
+        shape = [q.shape[-2], kv.shape[-2]]
+        state = g.program.add_state("m", {"kind": "buffer", "shape": shape, "scale": 1.0})
+    return g.add("sdpa", [q, kv, kv], attrs, state=state)
+
+
 FLOATS = st.sampled_from([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0])
 
 # Order matters for shrinking: Hypothesis shrinks a choice toward the first
@@ -841,6 +889,10 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("stack", draw_stack),
     ("expand", draw_expand),
     ("adaptive_avg_pool1d", _adaptive_pool("adaptive_avg_pool1d", 1)),
+    ("pad", draw_pad),
+    ("sin", _unary("sin")),
+    ("cos", _unary("cos")),
+    ("sdpa", draw_sdpa),
     ("idiom", draw_idiom),
 ]
 

@@ -991,3 +991,21 @@ def test_a_gemms_scalars_move_into_its_weights_with_the_same_values_bit_for_bit(
         )[1]
         == 0
     )
+
+
+@pytest.mark.parametrize("shape, channels", [([5], 1), ([2, 3], 3), ([2, 3, 4], 1), ([1, 2, 2, 3, 2], 2)])
+def test_a_prelu_on_a_4d_view_computes_the_same_values(shape, channels):
+    """XNN-036's neutralization: the slope applied to (N, C, rest, 1) and viewed back is exact at every rank."""
+    spec = _program(
+        [{"id": "v1", "op": "prelu", "args": ["x"], "state": "p1"}],
+        state={"p1": {"kind": "parameter", "shape": [channels], "scale": 0.5, "seed": 3}},
+        shape=tuple(shape),
+    )
+    _equivalent_form(spec, "XNN-036", ".reshape((")
+
+
+@pytest.mark.parametrize("pad", [[-1, 2], [-1, -1, 2, -2], [1, -2, -1, 0, 0, 1]])
+def test_a_crop_taken_as_a_slice_computes_the_same_values(pad):
+    """KERNELS-006's neutralization: negative amounts sliced off, then the positive ones padded, is exact."""
+    spec = _program([{"id": "v1", "op": "pad", "args": ["x"], "attrs": {"pad": pad, "value": 0.5}}], shape=(3, 5, 6))
+    _equivalent_form(spec, "KERNELS-006", "x[...")

@@ -32,6 +32,7 @@ FAMILIES = {
     "pool",
     "resample",
     "state",
+    "attention",
 }
 # Ops drawn by drawers of other names: a layer by the Linear, convolution and
 # normalization drawers, pixel_unshuffle by pixel_shuffle's.

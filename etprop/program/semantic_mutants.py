@@ -86,6 +86,7 @@ OPERAND_ATTRS = frozenset(
         "input_channels",
         "by_sums",
         "as_4d",
+        "crop_by_slice",
     }
 )
 

@@ -244,6 +244,28 @@ def _prelu(args, attrs, state):
     return f"F.prelu({args[0]}, self.{state})"
 
 
+def _pad(args, attrs, state):
+    """``crop_by_slice``: a constant pad's negative amounts (a crop) taken as
+    a slice first, then only the positive amounts padded (the same values; a
+    neutralization)."""
+    amounts = list(attrs["pad"])
+    if not (attrs.get("crop_by_slice") and any(a < 0 for a in amounts)):
+        return _call("F.pad", "pad", "mode", "value")(args, attrs, state)
+    pairs = [amounts[i : i + 2] for i in range(0, len(amounts), 2)]  # last dim first
+    slices = [f"{max(0, -low)}:{-max(0, -high) or None}" for low, high in reversed(pairs)]
+    cropped = f"{args[0]}[..., {', '.join(slices)}]"
+    rest = {**attrs, "pad": [max(0, a) for a in amounts]}
+    del rest["crop_by_slice"]
+    return _call("F.pad", "pad", "mode", "value")([cropped], rest, state)
+
+
+def _sdpa(args, attrs, state):
+    """Scaled dot-product attention of query, key and value (``args``), with
+    an additive float mask read from ``state`` when there is one."""
+    mask = f", attn_mask=self.{state}" if state else ""
+    return f"F.scaled_dot_product_attention({', '.join(args[:3])}{mask}{_kw(attrs, 'is_causal', 'scale')})"
+
+
 def _var(args, attrs):
     """``in_float32``: the variance computed in float32 and cast back (what
     eager does inside for half types; a neutralization)."""
@@ -678,6 +700,30 @@ OP_TABLE: dict[str, Op] = {
     ),
     "expand": Op(
         "view", lambda a, at, s: f"{a[0]}.expand({tuple(at['shape'])!r})", {"shape": REQUIRED}, rounding="exact"
+    ),
+    # XNNPACK claims these beyond the suite's list: constant padding (and the
+    # other pad modes beside it), sine and cosine, attention with a 2-D mask
+    "pad": Op(
+        "view",
+        _pad,
+        {"pad": REQUIRED, "mode": "constant", "value": None},
+        rounding="exact",
+        neutralizations=("crop_by_slice",),
+    ),
+    "sin": Op("elementwise", _call("torch.sin"), relative="cos"),
+    "cos": Op("elementwise", _call("torch.cos"), relative="sin"),
+    # The logits' rounding moves the softmax weights, each moving its value row:
+    # max|v| times (1 + scale * max of |q| |k|^T), plus the weighted sum's own.
+    "sdpa": Op(
+        "attention",
+        _sdpa,
+        {"is_causal": False, "scale": None},
+        rounding="terms",
+        terms=lambda a, at: (
+            f"(torch.matmul({a[0]}.abs(), {a[1]}.abs().transpose(-2, -1)).amax(-1, keepdim=True)"
+            f" * {at.get('scale') if at.get('scale') is not None else f'{a[0]}.shape[-1] ** -0.5'} + 1)"
+            f" * {a[2]}.abs().amax(-2, keepdim=True)"
+        ),
     ),
     "adaptive_avg_pool1d": Op(
         "pool",
