@@ -365,6 +365,18 @@ def _gemm(render: Render, relative: str | None, arguments: dict, bias: bool = Fa
     )
 
 
+def _conv_op(dims: int, transposed: bool) -> Op:
+    """A functional convolution; its relative is its transposed twin (and back)."""
+    return _gemm(
+        _conv_functional(dims, transposed),
+        f"conv{dims}d" if transposed else f"conv_transpose{dims}d",
+        {**_CONV_ARGS, "output_padding": 0} if transposed else dict(_CONV_ARGS),
+        bias=True,
+        own_output_via_float64=True,
+        neutralizations=_CONV_NEUTRALIZATIONS,
+    )
+
+
 def _binary_op(render: Render, relative: str, arguments: dict, rounding: str = "ulp") -> Op:
     return Op(
         "binary",
@@ -402,38 +414,10 @@ OP_TABLE: dict[str, Op] = {
     "linear": _gemm(
         _linear_functional, "matmul", {}, bias=True, neutralizations=("separate_bias", "input_via_float64")
     ),
-    "conv1d": _gemm(
-        _conv_functional(1, False),
-        "conv_transpose1d",
-        dict(_CONV_ARGS),
-        bias=True,
-        own_output_via_float64=True,
-        neutralizations=_CONV_NEUTRALIZATIONS,
-    ),
-    "conv2d": _gemm(
-        _conv_functional(2, False),
-        "conv_transpose2d",
-        dict(_CONV_ARGS),
-        bias=True,
-        own_output_via_float64=True,
-        neutralizations=_CONV_NEUTRALIZATIONS,
-    ),
-    "conv_transpose1d": _gemm(
-        _conv_functional(1, True),
-        "conv1d",
-        {**_CONV_ARGS, "output_padding": 0},
-        bias=True,
-        own_output_via_float64=True,
-        neutralizations=_CONV_NEUTRALIZATIONS,
-    ),
-    "conv_transpose2d": _gemm(
-        _conv_functional(2, True),
-        "conv2d",
-        {**_CONV_ARGS, "output_padding": 0},
-        bias=True,
-        own_output_via_float64=True,
-        neutralizations=_CONV_NEUTRALIZATIONS,
-    ),
+    "conv1d": _conv_op(1, transposed=False),
+    "conv2d": _conv_op(2, transposed=False),
+    "conv_transpose1d": _conv_op(1, transposed=True),
+    "conv_transpose2d": _conv_op(2, transposed=True),
     "addmm": _gemm(_addmm, None, {"alpha": 1, "beta": 1}, neutralizations=("separate_bias",)),
     "mm": _gemm(_gemm_functional("torch.mm"), "matmul", {}),
     "bmm": _gemm(_gemm_functional("torch.bmm"), "matmul", {}),
