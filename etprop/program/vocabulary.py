@@ -377,6 +377,18 @@ def _conv_op(dims: int, transposed: bool) -> Op:
     )
 
 
+def _values_along_dim(fn: str, relative: str) -> Op:
+    """``torch.max`` or ``torch.min`` along one dim: its values (not its indices)."""
+    return Op(
+        "reduction",
+        lambda a, at, s: f"torch.{fn}({a[0]}, {at['dim']!r}, keepdim={at.get('keepdim', False)!r}).values",
+        dict(_REDUCE_ARGS),
+        rounding="exact",
+        relative=relative,
+        axis=True,
+    )
+
+
 def _binary_op(render: Render, relative: str, arguments: dict, rounding: str = "ulp") -> Op:
     return Op(
         "binary",
@@ -651,22 +663,8 @@ OP_TABLE: dict[str, Op] = {
     "prelu": Op("activation", _prelu, {}, state_operand=True, neutralizations=("as_4d",)),
     # Not twinnable: flooring hides most of the difference between two twins' parameters.
     "floor_divide": replace(_binary_op(_binary_with_state("torch.floor_divide"), "div", {}), twinnable=False),
-    "max_dim": Op(
-        "reduction",
-        lambda a, at, s: f"torch.max({a[0]}, {at['dim']!r}, keepdim={at.get('keepdim', False)!r}).values",
-        dict(_REDUCE_ARGS),
-        rounding="exact",
-        relative="min_dim",
-        axis=True,
-    ),
-    "min_dim": Op(
-        "reduction",
-        lambda a, at, s: f"torch.min({a[0]}, {at['dim']!r}, keepdim={at.get('keepdim', False)!r}).values",
-        dict(_REDUCE_ARGS),
-        rounding="exact",
-        relative="max_dim",
-        axis=True,
-    ),
+    "max_dim": _values_along_dim("max", relative="min_dim"),
+    "min_dim": _values_along_dim("min", relative="max_dim"),
     "select": Op(
         "view",
         lambda a, at, s: f"{a[0]}.select({at['dim']!r}, {at['index']!r})",
