@@ -629,9 +629,10 @@ def draw_buffer_update(draw, g):
 # -- ExecuTorch's backend suite: its float ops beyond the above ----------------------
 
 
-def _positive(draw, g, x: Value) -> Value:
+def _positive(draw, g, x: Value) -> Optional[Value]:
     """``x`` itself when it is known positive, else exp(tanh(x)): an operand
-    in [1/e, e] for ops defined on positive values only."""
+    in [1/e, e] for ops defined on positive values only (None when even that
+    does not fit: an input past the size limit)."""
     node = next((n for n in g.nodes if n["id"] == x.name), None)
     if node is not None and node["op"] in ("exp_bounded", "sqrt_abs"):
         return x
@@ -640,7 +641,8 @@ def _positive(draw, g, x: Value) -> Value:
 
 def _on_positive(op: str) -> Drawer:
     def draw_on_positive(draw, g):
-        return g.add(op, [_positive(draw, g, g.pick(draw))])
+        x = _positive(draw, g, g.pick(draw))
+        return None if x is None else g.add(op, [x])
 
     return draw_on_positive
 
@@ -651,7 +653,7 @@ def draw_pow(draw, g):
     exponent = draw(st.sampled_from([2.0, 3.0, 0.5, -1.0, 1.5, -0.5, 2]))
     if exponent not in (2.0, 3.0, 2):
         x = _positive(draw, g, x)
-    return g.add("pow", [x], {"exponent": exponent})
+    return None if x is None else g.add("pow", [x], {"exponent": exponent})
 
 
 def draw_threshold(draw, g):

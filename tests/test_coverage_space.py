@@ -175,7 +175,7 @@ def test_the_pool_draws_single_method_programs_with_twins_in_each_float_dtype():
     from etprop.strategies.programs import programs
 
     def with_twins(twins: bool) -> int:
-        drawn = coverage.drawn(programs(min_nodes=6, max_nodes=12, dtype="float32", twins=twins), 10, seed=0)
+        drawn = coverage.drawn(programs(min_nodes=6, max_nodes=12, dtype="float32", twins=twins), 30, seed=0)
         return sum(_twins(spec) for spec in drawn)
 
     assert with_twins(True) > with_twins(False)

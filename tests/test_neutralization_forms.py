@@ -1009,3 +1009,12 @@ def test_a_crop_taken_as_a_slice_computes_the_same_values(pad):
     """KERNELS-006's neutralization: negative amounts sliced off, then the positive ones padded, is exact."""
     spec = _program([{"id": "v1", "op": "pad", "args": ["x"], "attrs": {"pad": pad, "value": 0.5}}], shape=(3, 5, 6))
     _equivalent_form(spec, "KERNELS-006", "x[...")
+
+
+@pytest.mark.parametrize("op", ["max_dim", "min_dim"])
+@pytest.mark.parametrize("dim, keepdim", [(3, False), (1, True), (-1, True)])
+def test_a_max_along_a_dim_as_amax_computes_the_same_values(op, dim, keepdim):
+    """XNN-037's neutralization: amax (amin) gives the values max (min) along the dim gives."""
+    attrs = {"dim": dim, **({"keepdim": True} if keepdim else {})}
+    spec = _program([{"id": "v1", "op": op, "args": ["x"], "attrs": attrs}], shape=(1, 2, 3, 4))
+    _equivalent_form(spec, "XNN-037", "torch.am")

@@ -87,6 +87,7 @@ OPERAND_ATTRS = frozenset(
         "by_sums",
         "as_4d",
         "crop_by_slice",
+        "as_amax",
     }
 )
 

@@ -31,7 +31,7 @@ import keyword
 from typing import Any, Callable, Iterator
 
 from etprop.errors import UsageError, parse_json
-from etprop.program.vocabulary import CONTROL_FLOW_OPS, OPS
+from etprop.program.vocabulary import CONTROL_FLOW_OPS, OP_TABLE, OPS
 
 FORMAT = "etprop-spec/1"
 # etprop-spec/1 plus ``quantization`` (etprop/program/quantize.py). A float
@@ -139,6 +139,11 @@ def _check_body(where: str, body: dict, defined: set[str], state: dict) -> None:
             f"{where}: node {node_id} has unknown op '{op}'; known ops: "
             f"{', '.join(sorted(OPS) + list(CONTROL_FLOW_OPS))}",
         )
+        if op in OP_TABLE:
+            needed, given = OP_TABLE[op].operands, len(node.get("args", []))
+            _require(
+                given >= needed, f"{where}: node {node_id} ({op}) reads {given} value(s) in 'args'; it needs {needed}"
+            )
         for arg in node.get("args", []):
             _require(arg in defined, f"{where}: node {node_id} reads '{arg}' before it is defined")
         for key in ("state", "bias_state"):

@@ -319,7 +319,8 @@ class Op:
       can swap; ``twinnable``: a twin with its own parameters can be drawn.
     - ``own_output_via_float64``: its renderer places the output cast of
       that neutralization itself; ``neutralizations``: the rewrite attributes
-      its renderer accepts (etprop/program/neutralize.py)."""
+      its renderer accepts (etprop/program/neutralize.py).
+    - ``operands``: how many values (``args``) it reads at least."""
 
     family: str
     render: Render
@@ -336,6 +337,7 @@ class Op:
     twinnable: bool = False
     own_output_via_float64: bool = False
     neutralizations: tuple[str, ...] = ()
+    operands: int = 1
 
 
 ROUNDING_CLASSES = ("exact", "sums", "terms", "ulp")
@@ -378,14 +380,24 @@ def _conv_op(dims: int, transposed: bool) -> Op:
 
 
 def _values_along_dim(fn: str, relative: str) -> Op:
-    """``torch.max`` or ``torch.min`` along one dim: its values (not its indices)."""
+    """``torch.max`` or ``torch.min`` along one dim: its values (not its
+    indices). ``as_amax``: the same values as ``amax`` / ``amin`` (a
+    neutralization)."""
+
+    def render(args, attrs, state):
+        keepdim = attrs.get("keepdim", False)
+        if attrs.get("as_amax"):
+            return f"torch.a{fn}({args[0]}, {attrs['dim']!r}, keepdim={keepdim!r})"
+        return f"torch.{fn}({args[0]}, {attrs['dim']!r}, keepdim={keepdim!r}).values"
+
     return Op(
         "reduction",
-        lambda a, at, s: f"torch.{fn}({a[0]}, {at['dim']!r}, keepdim={at.get('keepdim', False)!r}).values",
+        render,
         dict(_REDUCE_ARGS),
         rounding="exact",
         relative=relative,
         axis=True,
+        neutralizations=("as_amax",),
     )
 
 
@@ -701,6 +713,7 @@ OP_TABLE: dict[str, Op] = {
         _sdpa,
         {"is_causal": False, "scale": None},
         rounding="terms",
+        operands=3,
         terms=lambda a, at: (
             f"(torch.matmul({a[0]}.abs(), {a[1]}.abs().transpose(-2, -1)).amax(-1, keepdim=True)"
             f" * {at.get('scale') if at.get('scale') is not None else f'{a[0]}.shape[-1] ** -0.5'} + 1)"
