@@ -898,6 +898,40 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("idiom", draw_idiom),
 ]
 
+# Drawers only campaigns use (sizes.exploring()): the deterministic ``ci``
+# draws and the coverage corpus keep the vocabulary whose failures are
+# triaged into findings, so the test command stays a regression suite. A
+# drawer leaves this set once its campaign failures are recorded. Rank-5
+# inputs are campaign-only for the same reason (strategies/programs.py).
+CAMPAIGN_ONLY = frozenset(
+    {
+        "log",
+        "log2",
+        "log10",
+        "log1p",
+        "rsqrt",
+        "pow",
+        "trunc",
+        "threshold",
+        "logsigmoid",
+        "glu",
+        "prelu",
+        "floor_divide",
+        "max_dim",
+        "min_dim",
+        "select",
+        "split",
+        "stack",
+        "expand",
+        "adaptive_avg_pool1d",
+        "pad",
+        "sin",
+        "cos",
+        "sdpa",
+        "idiom",
+    }
+)
+
 # Ops of ExecuTorch's backend suite (executorch/backends/test/suite/operators,
 # by its module names) the strategies do not draw yet, and why. A program is
 # drawn once for every flow, so an op only some flows can run is left out.

@@ -14,7 +14,7 @@ from etprop.program.quantize import SCHEMES
 from etprop.program.spec import FORMAT, QUANTIZED_FORMAT, all_nodes
 from etprop.strategies import sizes
 from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
-from etprop.strategies.ops import DRAWERS, GEMM_DRAWERS, add_twin
+from etprop.strategies.ops import CAMPAIGN_ONLY, DRAWERS, GEMM_DRAWERS, add_twin
 from etprop.strategies.sizes import slot_count
 
 
@@ -23,7 +23,7 @@ def input_values(draw, program: ProgramDraft, count: int | None = None, rank: in
     """Method inputs: rank 2 (tokens), 3 (sequences, conv1d), 4 (images) or 5 (volumes)."""
     values = []
     for index in range(count or draw(st.integers(1, 2))):
-        r = rank or draw(st.integers(2, 5))
+        r = rank or draw(st.integers(2, 5 if sizes.exploring() else 4))
         # Rank 5 (volumes, 3-D convolutions and pools) with smaller dims.
         top = 12 if r < 5 else 5
         shape = [draw(st.integers(1, 4))] + [draw(st.integers(1, top)) for _ in range(r - 1)]
@@ -53,7 +53,10 @@ TWIN_ODDS = 5
 def draw_body(draw, graph: GraphDraft, slots: int, drawers) -> None:
     """Fill ``graph`` with up to ``slots`` nodes drawn from ``drawers`` (in a
     campaign, from a random subset of them: swarm testing, so an op's rare
-    neighbours are not drowned by the common ones)."""
+    neighbours are not drowned by the common ones; outside one, not from the
+    drawers whose failures are not triaged yet)."""
+    if not sizes.exploring():
+        drawers = [entry for entry in drawers if entry[0] not in CAMPAIGN_ONLY]
     if sizes.swarming():
         drawers = swarm(draw, drawers)
     for _ in range(slots):

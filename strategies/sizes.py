@@ -43,6 +43,13 @@ def campaign_range(low: int, high: int) -> tuple[int, int]:
     return max(low, (low + high + 1) // 2, CAMPAIGN_MIN_LOW), max(2 * high, CAMPAIGN_MIN_HIGH)
 
 
+def exploring() -> bool:
+    """Whether a campaign draws (the ``fuzz`` profiles): the whole vocabulary
+    and every input rank. The properties' own ranges (CI, the coverage corpus)
+    draw the vocabulary whose failures are triaged (``ops.CAMPAIGN_ONLY``)."""
+    return _campaign
+
+
 def swarming() -> bool:
     """Swarm testing (each graph drawn from a random subset of the ops) in
     campaigns, unless ETPROP_SWARM=0; never in the properties' own ranges (CI)."""
