@@ -5,6 +5,7 @@ backend suite is drawn or skipped with a reason."""
 from __future__ import annotations
 
 import importlib.util
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -41,9 +42,8 @@ DRAWN_ELSEWHERE = {"layer": "linear", "pixel_unshuffle": "pixel_shuffle"}
 DRAWER_NAMES = {name for name, _ in DRAWERS}
 
 
-@pytest.mark.parametrize("name", sorted(OP_TABLE))
-def test_every_record_has_every_facet(name):
-    op = OP_TABLE[name]
+def _check_record(name: str, op: vocabulary.Op) -> None:
+    """Every facet of ``op``, recorded as ``name``, present and consistent."""
     assert op.family in FAMILIES
     assert callable(op.render)
     assert op.rounding in ROUNDING_CLASSES
@@ -57,6 +57,11 @@ def test_every_record_has_every_facet(name):
         assert any(mutant.op == name for mutant in catalogue()), f"{name} has no semantic mutant"
 
 
+@pytest.mark.parametrize("name", sorted(OP_TABLE))
+def test_every_record_has_every_facet(name):
+    _check_record(name, OP_TABLE[name])
+
+
 def test_the_derived_tables_follow_the_records():
     assert set(builder._EXACT) == {n for n, op in OP_TABLE.items() if op.rounding == "exact"}
     assert set(builder._SUMS) == {n for n, op in OP_TABLE.items() if op.rounding == "sums"}
@@ -64,11 +69,18 @@ def test_the_derived_tables_follow_the_records():
     assert vocabulary.OPS == {n: (op.family, op.render) for n, op in OP_TABLE.items()}
 
 
-def test_an_op_without_a_facet_fails_the_record_test():
-    """The facet test can fail: a record that claims cancelling terms but renders none."""
-    broken = vocabulary.Op("activation", vocabulary._call("torch.relu"), rounding="terms")
+@pytest.mark.parametrize(
+    "name, broken",
+    [
+        ("relu", replace(OP_TABLE["relu"], rounding="terms")),  # claims cancelling terms, renders none
+        ("relu", replace(OP_TABLE["relu"], relative="frobnicate")),  # a relative that is no op
+        ("frobnicate", OP_TABLE["relu"]),  # no drawer, no mutant
+        ("linear", replace(OP_TABLE["linear"], state_operand=False)),  # a GEMM whose weight no mutant swaps
+    ],
+)
+def test_a_record_missing_a_facet_fails_the_record_check(name, broken):
     with pytest.raises(AssertionError):
-        assert (broken.terms is not None) == (broken.rounding == "terms")
+        _check_record(name, broken)
 
 
 @st.composite
