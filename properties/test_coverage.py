@@ -8,7 +8,8 @@ judged, most new combinations first, so no drawable combination waits for a
 lucky draw; shard i of N takes every N-th program, and flows running the same
 packs each start at their own point, so a short campaign runs most of the
 corpus on some flow. Outside a campaign only the first float program of each
-stream of a smaller pool runs: the property's machinery on CI's budget (the
+stream of a smaller pool, packed two specs to a program, runs: the property's
+machinery on CI's budget (the
 quantized properties run PT2E in CI on their own; a packed quantized program
 costs minutes on Core AI)."""
 
@@ -38,6 +39,9 @@ SHARES = {"coverage": 3, "coverage_multi_method": 1}
 # draws (coverage_corpus.pool_strategies) holds the causes of a dozen
 # findings, each of which attribution then lowers the pack without.
 SMALL_POOL = 8
+# Specs per program outside a campaign: still a pack (two programs in one
+# lowering), at a fifth of a campaign pack's lowering cost and attribution.
+CI_PACK_SIZE = 2
 
 
 def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
@@ -53,7 +57,7 @@ def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
     def without_known_causes(spec):
         return known_findings.neutralized(spec, known_findings.causes_on(flow.name, spec))[0]
 
-    size = coverage.pack_size_for(flow.runtime)
+    size = coverage.pack_size_for(flow.runtime) if campaign else CI_PACK_SIZE
     index, count = (int(part) for part in os.environ.get("ETPROP_SHARD", "0/1").split("/"))
     # Outside a campaign the corpus runs as drawn (what CI checks is the
     # property's machinery; attribution names any known cause).

@@ -394,7 +394,7 @@ class Session:
                 run = joint
             else:
                 if finding.id not in alone_runs:
-                    alone_runs[finding.id] = self._run_alone(spec, flows, prop, oracles, [finding])
+                    alone_runs[finding.id] = self._run_alone(spec, flows, prop, oracles, [finding], joint)
                 run = alone_runs[finding.id]
             if run is None:
                 continue
@@ -415,7 +415,7 @@ class Session:
             key = "+".join(sorted((first.id, second.id)))
             if key not in alone_runs:
                 alone_runs[key] = (
-                    joint if len(found) == 2 else self._run_alone(spec, flows, prop, oracles, [first, second])
+                    joint if len(found) == 2 else self._run_alone(spec, flows, prop, oracles, [first, second], joint)
                 )
             if alone_runs[key] is None:
                 continue
@@ -427,12 +427,19 @@ class Session:
         _label(f"attribution: {len(found)} causes explain it only together: new")
         return None
 
-    def _run_alone(self, spec, flows, prop, oracles, findings: list) -> ExampleResult | None:
+    def _run_alone(
+        self, spec, flows, prop, oracles, findings: list, joint: Optional[ExampleResult]
+    ) -> ExampleResult | None:
         """The example with these findings' causes (one, or a pair) neutralized;
-        None when that changes nothing or makes a program torch.export rejects."""
+        None when that changes nothing or makes a program torch.export rejects.
+        When the other nominated causes' rewrites changed nothing, the program
+        is the joint one, whose run (``joint``) serves: a lowering is
+        deterministic, and its pending file may be a follow-up's."""
         alone, changed = known_findings.neutralized(spec, findings)
         if not changed:
             return None
+        if joint is not None and alone == joint.spec:
+            return joint
         try:
             return self._run(alone, flows, prop, oracles, record_export_failure=False)
         except ExportFailed:
