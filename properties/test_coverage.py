@@ -8,8 +8,8 @@ judged, most new combinations first, so no drawable combination waits for a
 lucky draw; shard i of N takes every N-th program, and flows running the same
 packs each start at their own point, so a short campaign runs most of the
 corpus on some flow. Outside a campaign only the first float program of each
-stream of a smaller pool, packed two specs to a program, runs: the property's
-machinery on CI's budget (the
+stream of a smaller pool, packed two specs to a program with the flow's known
+causes neutralized, runs: the property's machinery on CI's budget (the
 quantized properties run PT2E in CI on their own; a packed quantized program
 costs minutes on Core AI)."""
 
@@ -59,8 +59,6 @@ def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
 
     size = coverage.pack_size_for(flow.runtime) if campaign else CI_PACK_SIZE
     index, count = (int(part) for part in os.environ.get("ETPROP_SHARD", "0/1").split("/"))
-    # Outside a campaign the corpus runs as drawn (what CI checks is the
-    # property's machinery; attribution names any known cause).
     if campaign:
         peers = [
             other.name
@@ -79,7 +77,9 @@ def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
             len(peers),
         )
     else:
-        programs = coverage.packed(specs, size)
+        # Packed as a campaign packs them, the flow's recorded causes
+        # neutralized, unstored (a small pool builds in seconds).
+        programs = coverage.for_flow(specs, size, without_known_causes)
     programs = [program for program, _ in programs][index::count]
     by_property = {
         prop: [program for program in programs if (len(program["methods"]) > 1) == (prop != "coverage")]
