@@ -403,3 +403,34 @@ def test_another_batch_reaching_a_convolution_channel_is_rejected():
 
     recheck()
     assert checked == [True, False]
+
+
+def test_ci_leaves_a_candidate_flow_only_to_families_whose_differential_property_judges_it():
+    """Under the ``ci`` profile a twinned family's single-flow property skips
+    candidate flows; that is sound only while the family has a differential
+    property, whose oracles contain every single-flow oracle."""
+    import inspect
+
+    from etprop import flows
+    from etprop.commands import pytest_plugin
+    from etprop.oracles.sets import DIFFERENTIAL, SINGLE_FLOW
+    from etprop.properties import test_differential, test_quantized
+
+    def family(test) -> str:
+        return next(mark.args[0] for mark in getattr(test, "pytestmark", []) if mark.name == "etprop_family")
+
+    assert set(SINGLE_FLOW) <= set(DIFFERENTIAL)
+    differential_families = {
+        family(test)
+        for module in (test_differential, test_quantized)
+        for name, test in inspect.getmembers(module, inspect.isfunction)
+        if name.startswith("test_") and {"flow_pair", "quantized_flow_group"} & set(inspect.signature(test).parameters)
+    }
+    assert pytest_plugin.TWINNED_FAMILIES <= differential_families, (
+        pytest_plugin.TWINNED_FAMILIES - differential_families
+    )
+    chosen = [flows.get(name) for name in ("portable", "xnnpack", "xnnpack+fold", "coreai")]
+    assert [f.name for f in chosen if pytest_plugin._judged_by_its_twin(f, chosen)] == ["xnnpack+fold"]
+    # A candidate whose baseline is not selected has no twin to judge it.
+    alone = [flows.get("xnnpack+fold")]
+    assert not pytest_plugin._judged_by_its_twin(alone[0], alone)
