@@ -34,13 +34,12 @@ from etprop.verdicts.session import record_only
 # larger share (6, or packs of 25) left coverage items under half their share
 # in a default 30-minute campaign.
 SHARES = {"coverage": 3, "coverage_multi_method": 1}
-# Drawn programs per family outside a campaign, from the families alone: CI
-# runs each flow's first pack as drawn, and a first pack from the targeted
-# draws (coverage_corpus.pool_strategies) holds the causes of a dozen
-# findings, each of which attribution then lowers the pack without.
+# Drawn programs per family outside a campaign, from the families alone (not
+# the targeted draws of coverage_corpus.pool_strategies, whose first pack
+# holds the causes of a dozen findings).
 SMALL_POOL = 8
-# Specs per program outside a campaign: still a pack (two programs in one
-# lowering), at a fifth of a campaign pack's lowering cost and attribution.
+# Specs per program outside a campaign: still a pack (two specs in one
+# lowering), smaller than a campaign's (ten; three on Core AI).
 CI_PACK_SIZE = 2
 
 

@@ -169,7 +169,8 @@ EXPORT_ERRORS = {
     # Found first: a scan inside a while_loop body, its linears reading a computed weight.
     "TORCH-003 (scan)": ("xnnpack", _fixture_spec("torch_export_scan_in_while_loop.json")),
 }
-LEADS = {f.id for f in known_findings.load() if f.status == "lead"}
+FINDINGS = {f.id: f for f in known_findings.load()}
+LEADS = {f.id for f in FINDINGS.values() if f.status == "lead"}
 LEADS |= {key for key in BROAD if key.split(" ")[0] in LEADS}
 
 
@@ -179,7 +180,7 @@ def _replayed_by_its_finding_test(key: str) -> bool:
     finding named, so attributing it here again proves nothing more."""
     from test_findings import REPLAYED_ELSEWHERE
 
-    finding = next(f for f in known_findings.load() if f.id == key.split(" ")[0])
+    finding = FINDINGS[key.split(" ")[0]]
     path = finding.repro_path.with_suffix(".json")
     if finding.status != "confirmed" or finding.id in REPLAYED_ELSEWHERE or not path.is_file():
         return False
