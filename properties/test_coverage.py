@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from etprop.commands import pytest_plugin
 from etprop.commands.pytest_plugin import round_examples, selected_flows
 from etprop.oracles.sets import ORACLES_BY_PROPERTY
 from etprop.strategies import coverage_corpus as coverage
@@ -95,7 +96,9 @@ def _programs(flow, artifacts: Path, flows: list) -> dict[str, list[dict]]:
 def per_round(prop: str) -> int:
     """Programs of ``prop`` this round judges per flow: its slice of a
     campaign round (pytest_plugin.round_examples); one outside a campaign."""
-    return settings.default.max_examples * round_examples(SHARES[prop]) if record_only() else 1
+    if not record_only():
+        return 1
+    return settings.default.max_examples * round_examples(SHARES[prop], pytest_plugin.CAMPAIGN_ROUND)
 
 
 @functools.lru_cache(maxsize=4)

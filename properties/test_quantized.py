@@ -6,12 +6,14 @@ baseline/candidate pair. The lowering matches the converted Q/DQ program within
 its quantization bound, delegates its quantized GEMMs where the flow promises
 to, and keeps every structural promise.
 
-In a campaign the XNNPACK item of each scheme draws twelve times a float
-property's examples per round (one program fills its scheme's three XNNPACK
-flow cells), so that each scheme x XNNPACK flow cell gets 20 or more examples
-in a 30-minute campaign on two cores: the items with the largest share run
-first among equally served ones, so a round cut short by the budget still
-gives every scheme its examples."""
+In a campaign the XNNPACK item of each scheme starts from twice a float
+property's share (one program fills its scheme's three XNNPACK flow cells, at
+two to three times a float lowering's cost), and the power schedule
+(etprop/commands/schedule.py) moves it from there by the new lowering code it
+reaches per CPU-second. Four schemes at share 2 are some 11 % of a round's
+examples and a quarter of its flow results; at share 12 the family took 57 to
+82 % of a 30-minute campaign's flow results and left float families one
+example each."""
 
 import pytest
 from hypothesis import given
@@ -29,7 +31,7 @@ from etprop.strategies.programs import (
     quantized_programs,
 )
 
-XNNPACK_SHARE = 12
+XNNPACK_SHARE = 2
 
 
 @pytest.mark.etprop_family("quantized")

@@ -314,8 +314,10 @@ def quantized(draw, float_programs, schemes: tuple = SCHEMES):
     """A float32 program from ``float_programs``, quantized with one of
     ``schemes``: the same graph after prepare_pt2e, calibration and
     convert_pt2e (programs that mutate a buffer stay out: a converted program
-    is judged call by call)."""
-    spec = draw(float_programs.filter(lambda s: s.get("dtype", "float32") == "float32" and not _stateful(s)))
+    is judged call by call). In a campaign, at the properties' own sizes
+    (sizes.unshifted)."""
+    with sizes.unshifted():
+        spec = draw(float_programs.filter(lambda s: s.get("dtype", "float32") == "float32" and not _stateful(s)))
     return {**spec, "format": QUANTIZED_FORMAT, "quantization": draw(quantization_configs(spec, schemes))}
 
 

@@ -677,21 +677,25 @@ def test_a_round_runs_first_the_items_behind_their_share(monkeypatch, tmp_path):
 
 
 def test_rounds_give_large_shares_slices_and_keep_every_item_within_one_slice(monkeypatch, tmp_path):
-    """A round asks a share-12 item for 3 examples, and an item a slice of its
-    share or more ahead of the least served sits the round out: over four
-    rounds a share-12 item gets 12 examples, a share-4 item 4 and a share-1
-    item 1, and the first round reaches every item."""
+    """Round 0 asks every item for one example, in pytest's order whatever its
+    share; later rounds ask a share-12 item for 3 examples, and an item a
+    slice of its share or more ahead of the least served sits the round out:
+    no item gets a second example before every item has its first, and the
+    large shares then catch up."""
     from etprop.commands.pytest_plugin import round_examples
 
-    shares = {"quant": 12, "cov": 4, "a": 1, "b": 1}
+    shares = {"a": 1, "b": 1, "cov": 4, "quant": 12}
     served = dict.fromkeys(shares, 0)
     for round_index in range(4):
         ran = _round_order(monkeypatch, tmp_path, _items(list(shares.items())), round_index, served=served)
         if round_index == 0:
-            assert sorted(ran) == sorted(shares)
+            assert ran == list(shares), "round 0 ordered by share"
+            assert [round_examples(shares[name], 0) for name in ran] == [1] * 4
         for name in ran:
-            served[name] += round_examples(shares[name])
-    assert served == shares
+            served[name] += round_examples(shares[name], round_index)
+        if round_index == 0:
+            assert served == dict.fromkeys(shares, 1)
+    assert served == {"a": 1, "b": 1, "cov": 4, "quant": 10}, served
 
 
 def test_another_campaign_seed_draws_other_programs(tmp_path):

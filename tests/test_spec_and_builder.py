@@ -297,6 +297,29 @@ def test_the_plugin_gives_fuzz_profiles_campaign_sizes(tmp_path):
     assert wrong.returncode != 0 and "use 'campaign' or 'property'" in wrong.stderr
 
 
+def test_a_campaign_draws_quantized_graphs_at_the_property_sizes_and_float_ones_bigger(campaign_sizes):
+    """Quantized lowerings cost two to three times a float one per op, so a
+    campaign does not shift their slot ranges up: the same float strategy
+    draws past its top alone and stays within it under quantized()."""
+    from etprop.strategies.programs import quantized
+
+    def slots_drawn(strategy, count=25):
+        found = []
+
+        @settings(max_examples=count, deadline=None, database=None, derandomize=True)
+        @given(spec=strategy)
+        def collect(spec):
+            found.append(sum(1 for _ in specmod.all_nodes(spec)))
+
+        collect()
+        return found
+
+    floats = programs(min_nodes=2, max_nodes=6, gemm_heavy=True, dtype="float32")
+    assert max(slots_drawn(floats)) > 6
+    assert max(slots_drawn(quantized(floats))) <= 6
+    assert sizes._shifted, "quantized() left the campaign's ranges unshifted"
+
+
 def test_the_coverage_pool_is_drawn_at_property_sizes(campaign_sizes):
     from etprop.strategies.coverage_corpus import drawn
 

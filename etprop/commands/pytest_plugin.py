@@ -50,6 +50,8 @@ OPTIONS = {
 
 # The Hypothesis profile pytest_configure loaded (property modules are imported after it).
 ACTIVE_PROFILE = ""
+# The campaign round this pytest process runs (0 outside campaigns), set by pytest_configure.
+CAMPAIGN_ROUND = 0
 
 
 def pytest_addoption(parser):
@@ -116,8 +118,9 @@ def pytest_configure(config):
         settings.register_profile(f"{profile}-custom", settings.get_profile(profile), **overrides)
         profile = f"{profile}-custom"
     settings.load_profile(profile)
-    global ACTIVE_PROFILE
+    global ACTIVE_PROFILE, CAMPAIGN_ROUND
     ACTIVE_PROFILE = profile
+    CAMPAIGN_ROUND = int(option(config, "round", 0))
     drawn_sizes = option(config, "sizes", "campaign" if profile.startswith("fuzz") else "property")
     if drawn_sizes not in ("campaign", "property"):
         raise pytest.UsageError(f"ETPROP_SIZES={drawn_sizes!r}: use 'campaign' or 'property'")
@@ -143,10 +146,14 @@ ROUND_ROTATION = 0.6180339887
 ROUND_SLICES = 4
 
 
-def round_examples(weight: int) -> int:
+def round_examples(weight: int, round_index: int) -> int:
     """What a campaign round asks of an item of share ``weight``, in units of
-    a share-1 item's examples."""
-    return math.ceil(weight / ROUND_SLICES)
+    a share-1 item's examples. Round 0 asks every item for one: each item is
+    tried once before any is tried twice, and its first examples measure what
+    it costs and reaches before the schedule weighs it (a 30-minute campaign
+    whose round 0 gave share-12 quantized items three examples each spent 82 %
+    of its flow results there and never ran 43 of its 70 items)."""
+    return math.ceil(weight / ROUND_SLICES) if round_index else 1
 
 
 def item_share(item) -> int:
@@ -160,8 +167,8 @@ def pytest_collection_modifyitems(config, items):
     """In a campaign, each round runs first the items furthest behind their
     designed share (examples so far over share), so a round the budget cuts
     short is made up for by the next one; among equals, larger shares first
-    (what a cut then leaves out is single examples, owed first next round),
-    then each round starting at another place in the list. Items a slice of
+    from round 1 on (what a cut then leaves out is single examples, owed first
+    next round), then each round starting at another place in the list. Items a slice of
     their share or more ahead of the least served sit the round out."""
     served_file = option(config, "served")
     round_index = int(option(config, "round", 0))
@@ -184,7 +191,11 @@ def pytest_collection_modifyitems(config, items):
     def ratio(item) -> float:
         return served.get(item.nodeid, 0) / share_now(item)
 
-    items.sort(key=lambda item: (ratio(item), -share_now(item), rotated[id(item)]))
+    def weight(item) -> float:
+        # Round 0 asks every item for one example, so shares do not order it.
+        return share_now(item) if round_index else 1
+
+    items.sort(key=lambda item: (ratio(item), -weight(item), rotated[id(item)]))
     config.etprop_round_items = list(items)
     if items:
         behind = ratio(items[0]) + 1 / ROUND_SLICES
@@ -257,7 +268,7 @@ def share(weight: int):
         test.etprop_share = weight
         if not ACTIVE_PROFILE.startswith("fuzz"):
             return test
-        per_round = hypothesis_settings.default.max_examples * round_examples(weight)
+        per_round = hypothesis_settings.default.max_examples * round_examples(weight, CAMPAIGN_ROUND)
         return hypothesis_settings(max_examples=per_round)(test)
 
     return apply
