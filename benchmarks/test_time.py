@@ -7,7 +7,7 @@ workers shared it, the time per area of the suite (a test file, or a
 property module of ``properties/``), and the slowest tests, with the date,
 machine and command beside the figures.
 
-    .venv/bin/python benchmarks/test_time.py [--log FILE] [--slowest 20] [-- extra pytest args]
+    .venv/bin/python benchmarks/test_time.py [--log FILE] [--save FILE] [--slowest 20] [-- extra pytest args]
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--log", help="read a finished run's output instead of running the test command")
     parser.add_argument("--slowest", type=int, default=20)
+    parser.add_argument("--save", help="also keep the run's whole output in this file")
     parser.add_argument("pytest_args", nargs="*", help="after --: extra pytest arguments")
     args = parser.parse_args()
     command = ["bash", "ci/test.sh", "--durations", "0", "-p", "no:cacheprovider", *args.pytest_args]
@@ -59,6 +60,8 @@ def main() -> int:
         started = time.time()
         completed = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)
         text, wall = completed.stdout + completed.stderr, time.time() - started
+        if args.save:
+            Path(args.save).write_text(text)
     rows = durations(text)
     if not rows:
         print("no --durations lines found: was the run cut short?", file=sys.stderr)
