@@ -507,6 +507,47 @@ def test_nearest_by_index_is_nearest_interpolation(size):
     )
 
 
+def test_nearest_by_index_gives_atens_source_index_at_every_size():
+    """The form agrees with ATen's nearest resize (floor(dst * in / out), in
+    float32) at every size up to 24, both ways."""
+    import torch
+    import torch.nn.functional as F
+
+    from etprop.program import builder
+
+    spec = _program(
+        [{"id": "v0", "op": "interpolate", "args": ["x"], "attrs": {"size": [3], "by_index": True}}], shape=(1, 1, 2)
+    )
+    _nearest_by_index = builder.build(spec).namespace["_nearest_by_index"]
+    differ = []
+    for count in range(1, 25):
+        x = torch.arange(count, dtype=torch.float32)[None, None]
+        for out in range(1, 25):
+            if not torch.equal(_nearest_by_index(x, [out]), F.interpolate(x, size=out, mode="nearest")):
+                differ.append((count, out))
+    assert not differ, differ
+
+
+def test_nearest_by_index_lowers_to_the_values_it_computes_in_eager():
+    """The form's index arithmetic survives lowering: a float64 scale would be
+    lifted as a float32 constant (EXIR-008) and read source 4 for output 6 of
+    a 10 -> 12 resize where eager reads 5, on every flow, portable included
+    (a campaign met it through COREAI-012's neutralization)."""
+    from etprop import flows
+    from etprop.lowering import pipeline
+    from etprop.oracles import equivalence
+    from etprop.program import builder
+
+    spec = _program(
+        [{"id": "v0", "op": "interpolate", "args": ["x"], "attrs": {"size": [10, 12], "by_index": True}}],
+        shape=(1, 1, 10),
+    )
+    lowering = pipeline.lower(builder.build(spec), flows.get("portable"))
+    assert lowering.ok, lowering.error
+    verdict = equivalence.check(lowering)
+    assert verdict.ok, verdict.message
+
+
 @pytest.mark.parametrize("dims", [1, 2])
 def test_average_pools_by_sums_are_the_average_pools(dims):
     """COREAI-009's equivalent form gives F.avg_pool1d/2d's values for every
