@@ -418,6 +418,31 @@ def test_a_bias_per_use_computes_the_same_values():
         torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
+def test_a_weight_per_use_computes_the_same_values_and_keeps_what_methods_share():
+    """XNN-038's neutralization: the second GEMM of a method reads a copy of
+    the weight they shared (the same values); a second method keeps reading
+    the first method's weight."""
+    import copy
+
+    import torch
+
+    from etprop.program import builder
+
+    spec = _repro_spec("xnnpack_float_shared_weight_partition_cycle.json")
+    second = copy.deepcopy(spec["methods"]["prefill"])
+    second["nodes"], second["outputs"] = second["nodes"][:1], ["v42"]
+    spec["methods"]["forward"] = second
+    separate, changed = neutralize(spec, [{"rewrite": "weight_per_use", "ops": ["matmul", "linear"]}])
+    assert changed == 1 and len(separate["state"]) == len(spec["state"]) + 1
+    assert separate["methods"]["forward"]["nodes"][0]["state"] == "w41"
+    assert separate["methods"]["prefill"]["nodes"][1]["state"] != "w41"
+    original, rewritten = builder.build(spec), builder.build(separate)
+    for method in ("prefill", "forward"):
+        inputs = original.inputs(method)
+        for want, got in zip(original.eager(method, inputs), rewritten.eager(method, inputs)):
+            torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 def test_a_bias_added_after_the_product_in_an_inlined_loop_computes_the_same_values():
     """XNN-018's neutralization in an inlined loop, whose iterations all read
     one bias: the bias is added after each product instead."""

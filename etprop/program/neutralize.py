@@ -41,6 +41,9 @@ Rewrites (``{"rewrite": NAME, ...}``):
   the layer (same seeds: the same values, no longer one tensor). A ``linear``
   in the body of an inlined loop, which every iteration calls with one bias,
   adds its bias after the product instead (``separate_bias``).
+- ``weight_per_use``: ``ops``; in each method, every node of those ops after
+  the first that reads a weight entry (its ``state``) another node of those ops
+  read reads a copy of it (same seed: the same values, no longer one tensor).
 - ``state_apart_from_control_flow``: a state entry that a control-flow node's
   bodies read and that something outside that node reads too is read inside
   the node from a copy of its own (same kind, seed and shape: the same values,
@@ -344,6 +347,23 @@ def _bias_per_use(spec: dict, rule: dict) -> int:
     return changed
 
 
+def _weight_per_use(spec: dict, rule: dict) -> int:
+    """Weights read by several nodes of ``ops`` within one method get one copy
+    per reader after the first (methods still share theirs)."""
+    changed = 0
+    for body in spec["methods"].values():
+        seen: set[str] = set()
+        for node in iter_nodes(body["nodes"]):
+            name = node.get("state")
+            if node["op"] not in rule["ops"] or not name or spec["state"][name]["kind"] != "weight":
+                continue
+            if name in seen:
+                node["state"] = _copy_entry(spec, name)
+                changed += 1
+            seen.add(name)
+    return changed
+
+
 def _state_apart_from_control_flow(spec: dict, rule: dict) -> int:
     """Outermost control-flow nodes first: each one that shares a state entry
     with the rest of the program reads a copy inside; nested nodes are then
@@ -514,6 +534,7 @@ REWRITES: dict[str, Callable[[dict, dict], int]] = {
     "gemm_scalars_into_weights": _gemm_scalars_into_weights,
     "bias_of_its_own": _bias_of_its_own,
     "bias_per_use": _bias_per_use,
+    "weight_per_use": _weight_per_use,
     "quantize_folded_weights": _quantize_folded_weights,
     "frozen_state": _frozen_state,
     "int32_batch_counter_when_dynamic": _int32_batch_counter_when_dynamic,
