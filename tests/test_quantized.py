@@ -432,14 +432,17 @@ def test_xnnpack_flows_form_one_group_baseline_first():
     ]
 
 
-def test_a_property_share_multiplies_examples_in_campaigns_only(monkeypatch):
+def test_a_property_share_multiplies_examples_in_campaign_rounds_after_the_first(monkeypatch):
+    """A share multiplies a property's examples only in a campaign, and only
+    from round 1 on: round 0 asks every item for one share unit."""
     from hypothesis import given, settings
     from hypothesis import strategies as st
 
     from etprop.commands import pytest_plugin
 
-    def drawn(profile):
+    def drawn(profile, round_index=1):
         monkeypatch.setattr(pytest_plugin, "ACTIVE_PROFILE", profile)
+        monkeypatch.setattr(pytest_plugin, "CAMPAIGN_ROUND", round_index)
         calls = []
 
         @pytest_plugin.share(12)
@@ -453,6 +456,7 @@ def test_a_property_share_multiplies_examples_in_campaigns_only(monkeypatch):
     default = settings.default.max_examples
     assert drawn("ci") <= default
     assert drawn("fuzz-noshrink-custom") > default
+    assert drawn("fuzz-noshrink-custom", round_index=0) <= default
 
 
 def test_a_converted_program_torch_export_rejects_is_a_quantization_error(tmp_path, monkeypatch):
