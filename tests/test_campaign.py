@@ -171,6 +171,43 @@ def test_a_campaign_shrinks_places_and_reports_its_defect(tmp_path):
     assert "issue draft" in (artifacts / "reports" / "report.html").read_text()
 
 
+def test_two_campaigns_on_one_seed_draw_and_judge_the_same_programs(tmp_path):
+    """``--seed S`` replays a campaign: the same code and seed draw the same
+    programs, in the same order, with the same verdicts (what each result
+    records but its timings)."""
+
+    def campaign(name):
+        artifacts = tmp_path / name
+        result = etprop(
+            "fuzz",
+            "--reach-every",
+            "0",
+            "--seed",
+            "11",
+            "--flows",
+            "portable",
+            "--examples",
+            "2",
+            "--properties",
+            "mixed_programs",
+            "--workers",
+            "1",
+            "--minutes",
+            "10",
+            "--artifacts",
+            str(artifacts),
+        )
+        assert result.returncode in (0, 1), result.stdout[-3000:] + result.stderr[-3000:]
+        return [
+            (r["digest"], r["item"], r["nodes"], [(f["flow"], f["outcome"], f["signature"]) for f in r["flows"]])
+            for r in Summary.load(artifacts).records
+        ]
+
+    first = campaign("first")
+    assert len(first) == 2 and len({digest for digest, *_ in first}) == 2, first
+    assert campaign("second") == first
+
+
 def test_a_campaign_ends_within_its_budget_when_an_example_never_finishes(tmp_path):
     """The example under way at the deadline is stopped there, with its xdist
     and lowering workers, and left pending; the report is still written."""
