@@ -90,9 +90,10 @@ def _avg_pool_by_sums(x, kernel_size, stride=None, padding=0, ceil_mode=False, c
 def _nearest_by_index(x, size):
     """F.interpolate(x, size, mode='nearest') as gathers: source index
     floor(dst * in / out) per resized dim, in float32 as ATen's CPU kernel
-    computes it (10 -> 12 takes source 4 for 6, not the exact 5), so the form
-    gives F.interpolate's values (a neutralization's equivalent form). Not in
-    float64: ExecuTorch lifts the scale as a float32 constant (EXIR-008)."""
+    computes it, so the form gives F.interpolate's values (a neutralization's
+    equivalent form). Not in float64: ExecuTorch lifts the scale as a float32
+    constant (EXIR-008), and a 10 -> 12 resize then reads source 4 for
+    output 6 where eager reads 5."""
     for offset, out in enumerate(size):
         dim = x.dim() - len(size) + offset
         count = x.shape[dim]
