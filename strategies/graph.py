@@ -23,11 +23,24 @@ from etprop.program import vocabulary
 
 MAX_NUMEL = 4096
 
+# A value's dtype: "" is the program's float dtype; integer and bool values
+# (ids, indices, comparisons) carry theirs (spec format etprop-spec/3).
+FLOAT = ""
+INTEGER_DTYPES = {"int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+
 
 @dataclass
 class Value:
     name: str
     shape: tuple[int, ...]
+    dtype: str = FLOAT
+    # An integer value's exclusive upper bound (its values lie in [0, high)):
+    # what may index a dim of that size or a table of that many rows.
+    high: int = 0
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype == FLOAT
 
     @property
     def rank(self) -> int:
@@ -52,6 +65,15 @@ def _meta_state(entry: dict):
     if kind == "weight":
         return SimpleNamespace(weight=torch.empty(entry["shape"], device="meta"))
     return torch.empty(entry["shape"], device="meta")
+
+
+def _meta(value: Value) -> torch.Tensor:
+    return torch.empty(value.shape, device="meta", dtype=INTEGER_DTYPES.get(value.dtype, torch.float32))
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """A tensor dtype as a Value's: "" for any float dtype."""
+    return FLOAT if dtype.is_floating_point else str(dtype).removeprefix("torch.")
 
 
 @dataclass
@@ -95,24 +117,47 @@ class ProgramDraft:
 class GraphDraft:
     """One method body (or control-flow body) being drawn."""
 
-    def __init__(self, program: ProgramDraft, inputs: list[Value]):
+    def __init__(self, program: ProgramDraft, inputs: list[Value], takes_new_inputs: bool = False):
         self.program = program
         self.values: list[Value] = list(inputs)
         self.inputs = list(inputs)
         self.nodes: list[dict] = []
         self.consumed: set[str] = set()
+        # A method may gain inputs while drawn (token ids, indices, masks); a
+        # control-flow body's parameters are fixed by its node.
+        self.takes_new_inputs = takes_new_inputs
 
-    def pick(self, draw, accept: Callable[[Value], bool] = lambda v: True) -> Optional[Value]:
-        """A value accepted by ``accept``, preferring recent ones (chains);
-        shrinks toward the most recent."""
-        candidates = [v for v in self.values if accept(v)]
+    def pick(
+        self, draw, accept: Callable[[Value], bool] = lambda v: True, dtypes: tuple[str, ...] = (FLOAT,)
+    ) -> Optional[Value]:
+        """A value of one of ``dtypes`` (float by default) accepted by
+        ``accept``, preferring recent ones (chains); shrinks toward the most
+        recent."""
+        candidates = [v for v in self.values if v.dtype in dtypes and accept(v)]
         if not candidates:
             return None
         return candidates[-1 - draw(st.integers(0, len(candidates) - 1))]
 
+    def new_input(self, shape: tuple[int, ...], dtype: str, high: int = 0) -> Optional[Value]:
+        """A new method input of ``dtype`` (an integer one in [0, high)), or
+        None where the graph cannot take one (a control-flow body)."""
+        if not self.takes_new_inputs:
+            return None
+        value = Value(self.program.fresh("x"), tuple(shape), dtype, high if dtype != "bool" else 2)
+        self.inputs.append(value)
+        self.values.append(value)
+        event(f"input: {dtype or 'float'}")
+        return value
+
     def infer(self, node: dict, args: list[Value]) -> Optional[tuple[int, ...]]:
+        out = self.evaluate(node, args)
+        return None if out is None else tuple(out.shape)
+
+    def evaluate(self, node: dict, args: list[Value]) -> Optional[torch.Tensor]:
+        """The node's result on meta tensors (its shape and dtype), or None
+        where the expression rejects its operands."""
         env = {"torch": torch, "F": F, "self": self.program.meta_self}
-        env.update({v.name: torch.empty(v.shape, device="meta") for v in args})
+        env.update({v.name: _meta(v) for v in args})
         if node["op"] == "addmm" and "beta" in node.get("attrs", {}):
             # Meta and fake addmm skip the bias's broadcast check when beta is
             # 0, which eager makes: shapes are checked at beta's default.
@@ -122,25 +167,38 @@ class GraphDraft:
         except Exception as exc:  # a strategy drew an invalid combination
             event(f"strategy rejected {node['op']}: {type(exc).__name__}")
             return None
-        return tuple(out.shape)
+        return out
 
     def add(
-        self, op: str, args: list[Value], attrs: Optional[dict] = None, state: Optional[str] = None
+        self,
+        op: str,
+        args: list[Value],
+        attrs: Optional[dict] = None,
+        state: Optional[str] = None,
+        high: int = 0,
     ) -> Optional[Value]:
+        """The node, if its result type-checks and fits; ``high``: the bound
+        of an integer result's values."""
         node = {"id": self.program.fresh("v"), "op": op, "args": [v.name for v in args]}
         if attrs:
             node["attrs"] = attrs
         if state:
             node["state"] = state
-        shape = self.infer(node, args)
-        if shape is None or not all(shape) or _numel(shape) > MAX_NUMEL:
+        out = self.evaluate(node, args)
+        if out is None:
             return None
-        return self.add_node(node, args, shape)
+        shape = tuple(out.shape)
+        if not all(shape) or _numel(shape) > MAX_NUMEL:
+            return None
+        dtype = dtype_name(out.dtype)
+        return self.add_node(node, args, shape, dtype, high if dtype != "bool" else 2)
 
-    def add_node(self, node: dict, args: list[Value], shape: tuple[int, ...]) -> Value:
+    def add_node(
+        self, node: dict, args: list[Value], shape: tuple[int, ...], dtype: str = FLOAT, high: int = 0
+    ) -> Value:
         self.nodes.append(node)
         self.consumed.update(v.name for v in args)
-        value = Value(node["id"], shape)
+        value = Value(node["id"], shape, dtype, high)
         self.values.append(value)
         event(f"op: {node['op']}")
         return value

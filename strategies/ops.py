@@ -802,6 +802,97 @@ def draw_sdpa(draw, g):
 
 FLOATS = st.sampled_from([-2.0, -0.5, 0.0, 0.5, 1.0, 3.0])
 
+
+# -- integer and bool values: indices, ids, masks ------------------------------------
+
+INDEX_DTYPES = ("int64", "int32")
+
+
+def _indices(draw, g: GraphDraft, high: int, accept=lambda v: True, shape=None) -> Optional[Value]:
+    """Integer values in [0, high): an integer value of the program whose
+    values fit (an argmax's, an input's), or a new input of ``shape`` (drawn
+    when None: one or two dims)."""
+    if draw(st.booleans()):
+        found = g.pick(draw, lambda v: 0 < v.high <= high and accept(v), dtypes=INDEX_DTYPES)
+        if found is not None:
+            return found
+    if shape is None:
+        shape = tuple(draw(st.integers(1, 6)) for _ in range(draw(st.integers(1, 2))))
+    return g.new_input(shape, draw(st.sampled_from(("int64", "int64", "int32"))), high)
+
+
+def _index_of_max(op: str) -> Drawer:
+    """argmax or argmin along one dim (negative dims too, keepdim both ways)."""
+
+    def draw_index(draw, g):
+        x = g.pick(draw, lambda v: v.rank >= 1)
+        if x is None:
+            return None
+        dim = draw(st.integers(-x.rank, x.rank - 1))
+        attrs = {"dim": dim, "keepdim": True} if draw(st.booleans()) else {"dim": dim}
+        return g.add(op, [x], attrs, high=x.shape[dim])
+
+    return draw_index
+
+
+def draw_embedding(draw, g):
+    """A table lookup: ids (rank 1 to 3) into a weight with at least as many rows as ids reach."""
+    ids = _indices(draw, g, draw(st.integers(2, 32)), lambda v: v.rank <= 3)
+    if ids is None:
+        return None
+    rows = max(ids.high, draw(st.integers(1, 32)))
+    weight = g.program.add_state("w", {"kind": "weight", "shape": [rows, draw(st.integers(1, 16))]})
+    return g.add("embedding", [ids], state=weight)
+
+
+def draw_index_select(draw, g):
+    x = g.pick(draw, lambda v: v.rank >= 1)
+    if x is None:
+        return None
+    dim = draw(st.integers(-x.rank, x.rank - 1))
+    size = x.shape[dim]
+    index = _indices(draw, g, size, lambda v: v.rank == 1, shape=(draw(st.integers(1, 2 * size)),))
+    if index is None:
+        return None
+    return g.add("index_select", [x, index], {"dim": dim})
+
+
+def draw_index_put(draw, g):
+    """Values written (or added) at indices into the leading one or two dims:
+    written, one position; added, any number, repeats included."""
+    x = g.pick(draw, lambda v: v.rank >= 1)
+    if x is None:
+        return None
+    accumulate = draw(st.booleans())
+    count = draw(st.integers(1, 6)) if accumulate else 1
+    indices = []
+    for dim in range(draw(st.integers(1, min(2, x.rank)))):
+        index = _indices(draw, g, x.shape[dim], lambda v: v.shape == (count,), shape=(count,))
+        if index is None:
+            return None
+        indices.append(index)
+    shape = (count, *x.shape[len(indices) :])
+    values = g.pick(draw, lambda v: v.shape == shape) or g.new_input(shape, "")
+    if values is None:
+        return None
+    return g.add("index_put", [x, values, *indices], {"accumulate": True} if accumulate else {})
+
+
+def draw_masked_fill(draw, g):
+    """A fill where a mask (a comparison's result, or a bool input of the
+    value's shape or one that broadcasts to it) is true."""
+    x = g.pick(draw, lambda v: v.rank >= 1)
+    if x is None:
+        return None
+    mask = g.pick(draw, lambda v: _broadcastable(x.shape, v.shape) and v.rank <= x.rank, dtypes=("bool",))
+    if mask is None:
+        shape = tuple(1 if draw(st.integers(0, 3)) == 0 else d for d in x.shape[draw(st.integers(0, x.rank - 1)) :])
+        mask = g.new_input(shape, "bool")
+    if mask is None:
+        return None
+    return g.add("masked_fill", [x, mask], {"value": draw(st.sampled_from([0.0, -1.0, 2.5, -1e4]))})
+
+
 # Order matters for shrinking: Hypothesis shrinks a choice toward the first
 # entry, so the simplest ops come first.
 DRAWERS: list[tuple[str, Drawer]] = [
@@ -896,6 +987,14 @@ DRAWERS: list[tuple[str, Drawer]] = [
     ("cos", _unary("cos")),
     ("sdpa", draw_sdpa),
     ("idiom", draw_idiom),
+    ("argmax", _index_of_max("argmax")),
+    ("argmin", _index_of_max("argmin")),
+    ("embedding", draw_embedding),
+    ("index_select", draw_index_select),
+    ("index_put", draw_index_put),
+    ("masked_fill", draw_masked_fill),
+    ("gt", _binary("gt")),
+    ("lt", _binary("lt")),
 ]
 
 # Drawers only campaigns use (sizes.exploring()): the deterministic ``ci``
@@ -929,6 +1028,14 @@ CAMPAIGN_ONLY = frozenset(
         "cos",
         "sdpa",
         "idiom",
+        "argmax",
+        "argmin",
+        "embedding",
+        "index_select",
+        "index_put",
+        "masked_fill",
+        "gt",
+        "lt",
     }
 )
 
@@ -944,13 +1051,7 @@ _NOT_CORE_ATEN = (
     "runner.UNSUPPORTED_PORTABLE_OPS)"
 )
 NOT_DRAWN = {
-    "argmax": "returns int64 indices: needs integer values in the spec format",
-    "argmin": "returns int64 indices: needs integer values in the spec format",
-    "embedding": "reads int64 ids: needs integer values in the spec format",
-    "embedding_bag": "reads int64 ids and offsets: needs integer values in the spec format",
-    "index_put": "reads int64 indices: needs integer values in the spec format",
-    "index_select": "reads int64 indices: needs integer values in the spec format",
-    "masked_fill": "reads a bool mask: needs boolean values in the spec format",
+    "embedding_bag": _NO_PORTABLE_KERNEL,
     "conv3d": _NO_PORTABLE_KERNEL,
     "convtranspose3d": _NO_PORTABLE_KERNEL
     + "; Core AI's converter rejects it ('Transposed conv3d is not yet supported')",

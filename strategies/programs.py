@@ -11,9 +11,9 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from etprop.program.quantize import SCHEMES
-from etprop.program.spec import FORMAT, QUANTIZED_FORMAT, all_nodes
+from etprop.program.spec import all_nodes, format_for
 from etprop.strategies import sizes
-from etprop.strategies.graph import GraphDraft, ProgramDraft, Value
+from etprop.strategies.graph import FLOAT, GraphDraft, ProgramDraft, Value, dtype_name
 from etprop.strategies.ops import CAMPAIGN_ONLY, DRAWERS, GEMM_DRAWERS, add_twin
 from etprop.strategies.sizes import slot_count
 
@@ -32,7 +32,14 @@ def input_values(draw, program: ProgramDraft, count: int | None = None, rank: in
 
 
 def _inputs_spec(values: list[Value], dtype: str = "float32") -> list[dict]:
-    return [{"name": v.name, "shape": list(v.shape), "dtype": dtype} for v in values]
+    """Float inputs in the program's dtype; integer ones in theirs, with their bound."""
+    specs = []
+    for v in values:
+        entry = {"name": v.name, "shape": list(v.shape), "dtype": v.dtype or dtype}
+        if not v.is_float and v.dtype != "bool":
+            entry["high"] = v.high
+        specs.append(entry)
+    return specs
 
 
 # float32 first (Hypothesis shrinks toward it); the half types where ops allow.
@@ -40,7 +47,8 @@ PROGRAM_DTYPES = ("float32", "float32", "float32", "float16", "bfloat16")
 
 
 def _spec(program: ProgramDraft, methods: dict) -> dict:
-    spec = {"format": FORMAT, "state": program.state, "methods": methods}
+    spec = {"state": program.state, "methods": methods}
+    spec["format"] = format_for(spec)
     if program.dtype != "float32":
         spec["dtype"] = program.dtype
         event(f"dtype: {program.dtype}")
@@ -105,7 +113,7 @@ def finish_method(graph: GraphDraft) -> dict:
 def method_body(
     draw, program: ProgramDraft, min_nodes: int, max_nodes: int, drawers=DRAWERS, inputs: list[Value] | None = None
 ):
-    graph = GraphDraft(program, inputs or draw(input_values(program)))
+    graph = GraphDraft(program, inputs or draw(input_values(program)), takes_new_inputs=True)
     draw_body(draw, graph, slot_count(draw, min_nodes, max_nodes), drawers)
     return finish_method(graph)
 
@@ -228,6 +236,9 @@ def _shapes(program: ProgramDraft, body: dict, inputs: list[Value]) -> dict | No
 
     graph = GraphDraft(program, inputs)
     known = {v.name: v for v in inputs}
+    for entry in body["inputs"]:
+        if entry["name"] not in known:
+            known[entry["name"]] = Value(entry["name"], tuple(entry["shape"]), _value_dtype(entry))
     # Fake tensors log every kernel that rejects its inputs; here a rejection is an answer.
     fake_log = logging.getLogger("torch._subclasses.fake_tensor")
     was_disabled, fake_log.disabled = fake_log.disabled, True
@@ -237,13 +248,17 @@ def _shapes(program: ProgramDraft, body: dict, inputs: list[Value]) -> dict | No
                 if node["op"] in ("cond", "map", "scan", "while_loop"):
                     return None
                 args = [known[a] for a in node["args"]]
-                shape = graph.infer(node, args)
-                if shape is None or not all(shape):
+                out = graph.evaluate(node, args)
+                if out is None or not all(out.shape):
                     return None
-                known[node["id"]] = Value(node["id"], shape)
+                known[node["id"]] = Value(node["id"], tuple(out.shape), dtype_name(out.dtype))
     finally:
         fake_log.disabled = was_disabled
     return {name: value.shape for name, value in known.items()}
+
+
+def _value_dtype(entry: dict) -> str:
+    return FLOAT if entry.get("dtype", "float32") in PROGRAM_DTYPES else entry["dtype"]
 
 
 def _reinfer(program: ProgramDraft, body: dict, inputs: list[Value]) -> bool:
@@ -265,7 +280,8 @@ def multi_method_programs(draw, min_methods: int = 2, max_methods: int = 4, max_
             else f"method{index}"
         )
         style = draw(st.sampled_from(["same_graph_other_shape", "other_graph"]))
-        if style == "same_graph_other_shape":
+        # Integer inputs index dims of the first method's sizes: that graph keeps them.
+        if style == "same_graph_other_shape" and all(i["dtype"] in PROGRAM_DTYPES for i in first["inputs"]):
             inputs = [Value(i["name"], (draw(st.integers(1, 8)),) + tuple(i["shape"][1:])) for i in first["inputs"]]
             if _reinfer(program, first, inputs):
                 methods[name] = {
@@ -318,7 +334,8 @@ def quantized(draw, float_programs, schemes: tuple = SCHEMES):
     (sizes.unshifted)."""
     with sizes.unshifted():
         spec = draw(float_programs.filter(lambda s: s.get("dtype", "float32") == "float32" and not _stateful(s)))
-    return {**spec, "format": QUANTIZED_FORMAT, "quantization": draw(quantization_configs(spec, schemes))}
+    quantized_spec = {**spec, "quantization": draw(quantization_configs(spec, schemes))}
+    return {**quantized_spec, "format": format_for(quantized_spec)}
 
 
 def quantized_programs(min_nodes: int = 4, max_nodes: int = 24, schemes: tuple = SCHEMES):

@@ -35,6 +35,8 @@ FAMILIES = {
     "resample",
     "state",
     "attention",
+    "index",
+    "compare",
 }
 # Ops drawn by drawers of other names: a layer by the Linear, convolution and
 # normalization drawers, pixel_unshuffle by pixel_shuffle's.
@@ -88,7 +90,7 @@ def program_with(draw, op: str):
     """A small program holding ``op`` (drawn by its own drawer after a few others)."""
     drawer = dict(DRAWERS)[op]
     program = ProgramDraft()
-    graph = GraphDraft(program, draw(input_values(program)))
+    graph = GraphDraft(program, draw(input_values(program)), takes_new_inputs=True)
     for _ in range(draw(st.integers(0, 2))):
         name, other = draw(st.sampled_from(DRAWERS[:8]))
         other(draw, graph)

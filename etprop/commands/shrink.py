@@ -70,7 +70,7 @@ def prune(spec: dict) -> dict:
 def _float(spec: dict) -> dict:
     """The program without its quantization (a float spec)."""
     smaller = {key: value for key, value in spec.items() if key != "quantization"}
-    smaller["format"] = specmod.FORMAT
+    smaller["format"] = specmod.format_for(smaller)
     return smaller
 
 
@@ -148,7 +148,7 @@ def _node_removals(spec: dict) -> Iterator[tuple[str, dict]]:
                 yield f"bypass {node['op']} {node['id']} in {where} with {arg}", smaller
 
 
-_INPUT_DTYPES = ("float32", "float16", "bfloat16")
+_INPUT_DTYPES = ("float32", "float16", "bfloat16", "int64", "int32", "bool")
 
 
 def _node_values(spec: dict, method: str) -> dict:
@@ -191,7 +191,14 @@ def _cuts(spec: dict) -> Iterator[tuple[str, dict]]:
                 name += "_"
             smaller = copy.deepcopy(spec)
             target = smaller["methods"][method]
-            target["inputs"].append({"name": name, "shape": list(value.shape), "dtype": dtype})
+            entry = {"name": name, "shape": list(value.shape), "dtype": dtype}
+            if dtype in ("int64", "int32"):
+                # Values in [0, high) fit wherever the node's did.
+                entry["high"] = int(value.max()) + 1 if value.numel() and int(value.min()) >= 0 else 0
+                if not entry["high"]:
+                    continue
+            target["inputs"].append(entry)
+            smaller["format"] = specmod.format_for(smaller)
             _bypass(target, next(n for n in target["nodes"] if n["id"] == node["id"]), name)
             yield f"read {node['op']} {node['id']} of {method} from a new input {name}", smaller
 
@@ -226,7 +233,13 @@ def _simplifications(spec: dict) -> Iterator[tuple[str, dict]]:
         inputs = body["inputs"]
         for keep, inp in enumerate(inputs):
             for drop, other in enumerate(inputs):
-                if drop != keep and other["shape"] == inp["shape"] and other.get("dtype") == inp.get("dtype"):
+                if (
+                    drop != keep
+                    and other["shape"] == inp["shape"]
+                    and other.get("dtype") == inp.get("dtype")
+                    # An index read for another stays within what that one indexes.
+                    and inp.get("high", 0) <= other.get("high", 0)
+                ):
                     smaller = copy.deepcopy(spec)
                     target = smaller["methods"][method]
                     for node in specmod.iter_nodes(target["nodes"]):

@@ -408,9 +408,24 @@ def _parametrize(module, name, kind, **attrs):
 
 
 
-def make_input(shape, dtype, kind, seed):
-    """Deterministic test inputs: random normal plus edge values."""
+INTEGER_DTYPES = {"int64": torch.int64, "int32": torch.int32, "bool": torch.bool}
+
+
+def make_input(shape, dtype, kind, seed, high=None):
+    """Deterministic test inputs: random normal plus edge values. Integer
+    inputs (ids, indices) are uniform in [0, high), at the edges all 0
+    (zeros) or all high - 1 (large); a bool mask is random, all False
+    (zeros) or all True (large)."""
     generator = torch.Generator().manual_seed(seed)
+    if dtype in INTEGER_DTYPES:
+        top = 2 if dtype == "bool" else high
+        if kind == "zeros":
+            value = torch.zeros(shape, dtype=torch.int64)
+        elif kind == "large":
+            value = torch.full(shape, top - 1, dtype=torch.int64)
+        else:
+            value = torch.randint(0, top, shape, generator=generator)
+        return value.to(INTEGER_DTYPES[dtype])
     value = torch.randn(shape, generator=generator)
     if kind == "negative":
         value = -3.0 * value.abs()
@@ -457,6 +472,19 @@ def _jitter(value, op=None, magnitude=None):
         accumulated = torch.finfo(torch.float32).eps * ulps.get("sums", 1.0) / eps
         scale = scale + accumulated * terms.double().abs().clamp_max(torch.finfo(value.dtype).max)
     return (wide + _signs(value.shape) * eps * scale).to(value.dtype)
+
+
+def _any_extreme(value, dim, keepdim, largest):
+    """argmax (``largest``) or argmin where a jittered run picks at random
+    among equal extremes: eager's pick among ties is not the only right one
+    (a backend may take the last), and exact ties (zeros, a relu's floor)
+    are what no jitter of the values separates."""
+    extreme = value.amax(dim, keepdim=True) if largest else value.amin(dim, keepdim=True)
+    ties = value == extreme
+    if _JITTER["mode"] is None or not bool((ties.sum(dim) > 1).any()):
+        return value.argmax(dim, keepdim=keepdim) if largest else value.argmin(dim, keepdim=keepdim)
+    scores = torch.rand(value.shape, generator=_JITTER["generator"], dtype=torch.float64)
+    return torch.where(ties, scores + 1, scores.new_zeros(())).argmax(dim, keepdim=keepdim)
 
 
 def _var_terms(value, dim, keepdim):
@@ -698,6 +726,9 @@ def _jittered_expression(node: dict, expression: str) -> str:
         unfitted = {**node, "attrs": {k: v for k, v in attrs.items() if k != "fit_shape"}}
         inner = _jittered_expression(unfitted, vocabulary.render(unfitted, args))
         return f"_fit_shape({inner}, {tuple(attrs['fit_shape'])!r})"
+    if op in ("argmax", "argmin"):
+        keepdim = attrs.get("keepdim", False)
+        return f"_any_extreme({args[0]}, {attrs['dim']!r}, {keepdim!r}, {op == 'argmax'!r})"
     if (
         op in _EXACT
         or (op == "buffer_update" and attrs.get("how") == "copy")
@@ -903,7 +934,7 @@ class BuiltProgram:
         at its bound instead of the spec's example size."""
         make = self.namespace["make_input"]
         return tuple(
-            make(self._shape(inp, extent), inp.get("dtype", "float32"), kind, seed * 7919 + index)
+            make(self._shape(inp, extent), inp.get("dtype", "float32"), kind, seed * 7919 + index, inp.get("high"))
             for index, inp in enumerate(self.spec["methods"][method]["inputs"])
         )
 
@@ -1074,7 +1105,7 @@ def check_shapes(spec: dict) -> None:
     source = render_source(spec)
     namespace: dict = {}
     exec(compile(source, _SHAPE_CHECK_FILE, "exec"), namespace)
-    dtypes = namespace["DTYPES"]
+    dtypes = {**namespace["DTYPES"], **namespace["INTEGER_DTYPES"]}
     lines = source.splitlines()
     try:
         with torch.device("meta"), torch.no_grad():

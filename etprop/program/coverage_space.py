@@ -49,7 +49,13 @@ def program_dtype(spec: dict) -> str:
     scheme = (spec.get("quantization") or {}).get("scheme")
     if scheme:
         return f"quantized {scheme}"
-    dtypes = {value["dtype"] for body in spec["methods"].values() for value in body["inputs"]}
+    # The float dtypes: integer and bool inputs (ids, indices, masks) are the ops' business.
+    dtypes = {
+        value["dtype"]
+        for body in spec["methods"].values()
+        for value in body["inputs"]
+        if value["dtype"] not in ("int64", "int32", "bool")
+    }
     return "/".join(sorted(dtypes)) or "none"
 
 

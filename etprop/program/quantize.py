@@ -63,7 +63,8 @@ def fold_computed_weights(program):
 
 def calibration_inputs(inputs, count):
     """``count`` batches of normal inputs, seeded apart from the test inputs."""
-    return [tuple(make_input(tuple(inp["shape"]), inp.get("dtype", "float32"), "normal", (101 + batch) * 7919 + index)
+    return [tuple(make_input(tuple(inp["shape"]), inp.get("dtype", "float32"), "normal",
+                             (101 + batch) * 7919 + index, inp.get("high"))
                   for index, inp in enumerate(inputs)) for batch in range(count)]
 
 

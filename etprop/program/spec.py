@@ -14,7 +14,9 @@ State entries (``kind``):
                 with optional ``parametrizations`` (a computed weight).
   ``parameter`` / ``buffer`` / ``constant``: a tensor of ``shape`` (buffers may
                 be ``mutable``: updated in place by a ``buffer_update`` node).
-Inputs: ``{"name", "shape", "dtype", "dynamic": [[dim, min, max], ...]}``.
+Inputs: ``{"name", "shape", "dtype", "dynamic": [[dim, min, max], ...]}``;
+an int64 or int32 input (format etprop-spec/3) adds ``"high"``: its values
+lie in [0, high); a bool input is a mask.
 Nodes: ``{"id", "op", "args": [value names], "attrs": {...}, "state": name}``;
 control-flow nodes add ``"bodies": [{"params": [...], "nodes": [...], "outputs": [...]}]``.
 
@@ -38,8 +40,16 @@ FORMAT = "etprop-spec/1"
 # program is still written as etprop-spec/1, which etprop versions without
 # quantization read.
 QUANTIZED_FORMAT = "etprop-spec/2"
+# etprop-spec/2 plus integer and bool method inputs (token ids, indices,
+# masks): written only for programs that have one.
+INTEGER_FORMAT = "etprop-spec/3"
 # The published JSON Schemas (etprop/program/schemas, shipped with the package).
-SCHEMAS = {FORMAT: "etprop-spec-1.schema.json", QUANTIZED_FORMAT: "etprop-spec-2.schema.json"}
+SCHEMAS = {
+    FORMAT: "etprop-spec-1.schema.json",
+    QUANTIZED_FORMAT: "etprop-spec-2.schema.json",
+    INTEGER_FORMAT: "etprop-spec-3.schema.json",
+}
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 SCHEMA = SCHEMAS[FORMAT]
 
 
@@ -55,6 +65,17 @@ def loads(text: str) -> dict:
     spec = parse_json(text, "the spec", "the file may be truncated: regenerate it with 'etprop fuzz'")
     validate(spec)
     return spec
+
+
+def format_for(spec: dict) -> str:
+    """The oldest format that describes ``spec``, so older readers keep
+    reading what they can: /3 with an integer or bool input, /2 when
+    quantized, else /1."""
+    if any(
+        inp.get("dtype", "float32") not in FLOAT_DTYPES for body in spec["methods"].values() for inp in body["inputs"]
+    ):
+        return INTEGER_FORMAT
+    return QUANTIZED_FORMAT if spec.get("quantization") else FORMAT
 
 
 def digest(spec: dict) -> str:

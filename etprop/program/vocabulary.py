@@ -342,6 +342,7 @@ class Op:
 
 ROUNDING_CLASSES = ("exact", "sums", "terms", "ulp")
 
+
 _CONV_ARGS = {"stride": 1, "padding": 0, "dilation": 1, "groups": 1}
 _POOL_ARGS = {"kernel_size": REQUIRED, "stride": None, "padding": 0, "ceil_mode": False}
 _REDUCE_ARGS = {"dim": REQUIRED, "keepdim": False}
@@ -726,6 +727,43 @@ OP_TABLE: dict[str, Op] = {
         {"output_size": REQUIRED},
         rounding="sums",
     ),
+    # Integer and bool values (etprop-spec/3): indices out of float values,
+    # ids and indices read, masks made and applied.
+    "argmax": Op(
+        "index", _call("torch.argmax", "dim", "keepdim"), dict(_REDUCE_ARGS), "exact", relative="argmin", axis=True
+    ),
+    "argmin": Op(
+        "index", _call("torch.argmin", "dim", "keepdim"), dict(_REDUCE_ARGS), "exact", relative="argmax", axis=True
+    ),
+    "embedding": Op("index", lambda a, at, s: f"F.embedding({a[0]}, self.{s}.weight)", {}, "exact", state_operand=True),
+    "index_select": Op(
+        "index",
+        lambda a, at, s: f"torch.index_select({a[0]}, {at['dim']!r}, {a[1]})",
+        {"dim": REQUIRED},
+        rounding="exact",
+        axis=True,
+        operands=2,
+    ),
+    # args: the tensor, the values, then one index per leading dim. Written
+    # (not accumulated), no index repeats: eager's pick among repeats is not unique.
+    "index_put": Op(
+        "index",
+        lambda a, at, s: (
+            f"torch.index_put({a[0]}, ({', '.join(a[2:])},), {a[1]}, accumulate={at.get('accumulate', False)!r})"
+        ),
+        {"accumulate": False},
+        rounding="sums",
+        operands=3,
+    ),
+    "masked_fill": Op(
+        "index",
+        lambda a, at, s: f"{a[0]}.masked_fill({a[1]}, {at['value']!r})",
+        {"value": REQUIRED},
+        rounding="exact",
+        operands=2,
+    ),
+    "gt": Op("compare", _binary_with_state("torch.gt"), {}, "exact", relative="lt", binary=True),
+    "lt": Op("compare", _binary_with_state("torch.lt"), {}, "exact", relative="gt", binary=True),
 }
 # The views the older code reads: op -> (family, renderer).
 OPS: dict[str, tuple[str, Render]] = {name: (op.family, op.render) for name, op in OP_TABLE.items()}

@@ -191,8 +191,9 @@ def main():
     for name, kind, inputs, *_ in cases:
         first.setdefault(name, tuple(inputs))
     for name, inputs in INPUTS.items():  # no cases embedded: etprop could not quantize the program
-        first.setdefault(name, tuple(make_input(tuple(inp["shape"]), inp.get("dtype", "float32"), "normal", index)
-                                     for index, inp in enumerate(inputs)))
+        first.setdefault(name, tuple(
+            make_input(tuple(inp["shape"]), inp.get("dtype", "float32"), "normal", index, inp.get("high"))
+            for index, inp in enumerate(inputs)))
     program = Program().eval()
 
     def method_module(name):
