@@ -181,3 +181,14 @@ def test_an_index_input_is_read_for_another_only_within_its_bound():
     )
     merges = [description for description, _ in shrink._simplifications(spec) if description.startswith("read input")]
     assert merges == ["read input narrow for wide in forward"]
+
+
+def test_a_standalone_repro_of_an_integer_program_reaches_the_suites_verdict(tmp_path, script_runner):
+    """The standalone script regenerates the integer inputs (ids in range,
+    masks) and judges the integer outputs as the suite does."""
+    from etprop.verdicts import repro
+
+    script = tmp_path / "standalone.py"
+    script.write_text(repro.standalone_script(LOOKUP, "portable"))
+    completed = script_runner.run(script, tmp_path)
+    assert completed.returncode == 0 and "VERDICT: pass" in completed.stdout, completed.stdout + completed.stderr
