@@ -86,19 +86,16 @@ def test_repro_exits_nonzero_while_the_defect_is_present(tmp_path, make_linear_r
 
 
 def test_gate_passes_for_a_flow_against_itself_and_fails_a_broken_candidate(tmp_path):
+    """One of the gate's properties, narrowed by ``--properties``: what a
+    gate decides is the same for one property as for all of them."""
+    narrowed = ["--examples", "1", "--properties", "differential_mixed"]
     same = etprop(
-        "gate",
-        "--baseline",
-        "portable",
-        "--candidate",
-        "portable",
-        "--examples",
-        "1",
-        "--artifacts",
-        str(tmp_path / "same"),
+        "gate", "--baseline", "portable", "--candidate", "portable", *narrowed, "--artifacts", str(tmp_path / "same")
     )
     assert same.returncode == 0, same.stdout[-3000:]
     assert "VERDICT: PASS" in same.stdout
+    functions = {record["item"].split("::")[1].split("[")[0] for record in Summary.load(tmp_path / "same").records}
+    assert functions == {"test_differential_mixed"}, functions
     broken = etprop(
         "gate",
         "--flow-module",
@@ -107,8 +104,7 @@ def test_gate_passes_for_a_flow_against_itself_and_fails_a_broken_candidate(tmp_
         "portable",
         "--candidate",
         "test-broken-weights",
-        "--examples",
-        "1",
+        *narrowed,
         "--artifacts",
         str(tmp_path / "broken"),
     )

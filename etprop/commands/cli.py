@@ -326,6 +326,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--baseline", help="the baseline flow")
     p.add_argument("--candidate", help="the candidate flow")
     p.add_argument("--examples", type=int, default=4, help="examples per property (default: 4)")
+    p.add_argument(
+        "--properties",
+        default="",
+        help="pytest -k expression narrowing the gate's properties (default: every differential property)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--baseline-env", metavar="PY", help="the baseline environment's python: gate two installations")
     p.add_argument("--candidate-env", metavar="PY", help="the candidate environment's python")

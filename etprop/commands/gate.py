@@ -42,7 +42,8 @@ def run_gate(args) -> int:
         ETPROP_RECORD_ONLY="1",
         ETPROP_FLOW_MODULE=",".join(args.flow_module),
     )
-    command = properties_command(args.seed, artifacts / "reports" / "junit-gate.xml") + ["-k", "gate or differential"]
+    selected = f"(gate or differential) and ({args.properties})" if args.properties else "gate or differential"
+    command = properties_command(args.seed, artifacts / "reports" / "junit-gate.xml") + ["-k", selected]
     print(
         f"etprop gate: baseline {baseline.name}, candidate {candidate.name}, "
         f"{args.examples} examples per property, seed {args.seed}"
