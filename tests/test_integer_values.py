@@ -192,3 +192,10 @@ def test_a_standalone_repro_of_an_integer_program_reaches_the_suites_verdict(tmp
     script.write_text(repro.standalone_script(LOOKUP, "portable"))
     completed = script_runner.run(script, tmp_path)
     assert completed.returncode == 0 and "VERDICT: pass" in completed.stdout, completed.stdout + completed.stderr
+
+
+def test_a_repro_of_an_integer_program_is_written_and_read_back(tmp_path):
+    from etprop.verdicts import repro
+
+    path = repro.write(tmp_path / "lookup.json", LOOKUP, ["portable"], "mixed", "mismatch", "planted", script=False)
+    assert repro.read(path)["spec"] == LOOKUP

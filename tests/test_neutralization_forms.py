@@ -1084,3 +1084,37 @@ def test_a_max_along_a_dim_as_amax_computes_the_same_values(op, dim, keepdim):
     attrs = {"dim": dim, **({"keepdim": True} if keepdim else {})}
     spec = _program([{"id": "v1", "op": op, "args": ["x"], "attrs": attrs}], shape=(1, 2, 3, 4))
     _equivalent_form(spec, "XNN-037", "torch.am")
+
+
+@pytest.mark.parametrize("indexed_dims", [1, 2])
+def test_accumulated_index_puts_written_as_one_hot_products_compute_the_same_sums(indexed_dims):
+    """COREAI-020's form: the same sums in another order (rounding apart);
+    an index_put that writes rather than adds keeps its form."""
+    import torch
+
+    from etprop.program import builder
+
+    shape = [4, 3, 2]
+    count = 6  # more indices than rows: repeats add up
+    inputs = [
+        {"name": "x", "shape": shape, "dtype": "float32"},
+        {"name": "v", "shape": [count, *shape[indexed_dims:]], "dtype": "float32"},
+    ] + [{"name": f"i{d}", "shape": [count], "dtype": "int64", "high": shape[d]} for d in range(indexed_dims)]
+    indices = [f"i{d}" for d in range(indexed_dims)]
+    nodes = [{"id": "added", "op": "index_put", "args": ["x", "v", *indices], "attrs": {"accumulate": True}}]
+    spec = {
+        "format": "etprop-spec/3",
+        "state": {},
+        "methods": {"forward": {"inputs": inputs, "nodes": nodes, "outputs": ["added"]}},
+    }
+    rule = next(f for f in known_findings.load() if f.id == "COREAI-020").neutralize
+    rewritten, changed = neutralize(spec, list(rule))
+    assert changed == 1
+    original, neutral = builder.build(spec), builder.build(rewritten)
+    assert "F.one_hot" in neutral.source and "F.one_hot" not in original.source
+    for kind in ("normal", "large", "zeros"):
+        values = original.inputs("forward", kind)
+        torch.testing.assert_close(neutral.eager("forward", values)[0], original.eager("forward", values)[0])
+    written = copy.deepcopy(spec)
+    written["methods"]["forward"]["nodes"][0]["attrs"] = {}
+    assert neutralize(written, list(rule))[1] == 0, "an index_put that writes is left as it is"

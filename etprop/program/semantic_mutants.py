@@ -88,6 +88,7 @@ OPERAND_ATTRS = frozenset(
         "as_4d",
         "crop_by_slice",
         "as_amax",
+        "by_one_hot",
     }
 )
 

@@ -225,6 +225,25 @@ def _binary_with_state(fn: str, *kwnames: str) -> Render:
     return render
 
 
+def _index_put(args, attrs, state):
+    """``torch.index_put`` of ``args[1]`` at the indices ``args[2:]``.
+    ``by_one_hot`` (accumulated only): the same sums as a product, the
+    indices' one-hot rows over the indexed dims times the values, added to
+    the tensor (a neutralization)."""
+    tensor, values, indices = args[0], args[1], args[2:]
+    if attrs.get("accumulate") and attrs.get("by_one_hot"):
+        flat = f"{indices[0]}.long()"
+        for dim, index in enumerate(indices[1:], start=1):
+            flat = f"({flat} * {tensor}.shape[{dim}] + {index}.long())"
+        rows = " * ".join(f"{tensor}.shape[{dim}]" for dim in range(len(indices)))
+        product = (
+            f"F.one_hot({flat}, {rows}).to({values}.dtype).transpose(0, 1) @ {values}.reshape({values}.shape[0], -1)"
+        )
+        return f"({tensor}.reshape({rows}, -1) + {product}).reshape({tensor}.shape)"
+    accumulate = attrs.get("accumulate", False)
+    return f"torch.index_put({tensor}, ({', '.join(indices)},), {values}, accumulate={accumulate!r})"
+
+
 def _cat(args, attrs, state):
     return f"torch.cat([{', '.join(args)}], dim={attrs['dim']!r})"
 
@@ -747,13 +766,7 @@ OP_TABLE: dict[str, Op] = {
     # args: the tensor, the values, then one index per leading dim. Written
     # (not accumulated), no index repeats: eager's pick among repeats is not unique.
     "index_put": Op(
-        "index",
-        lambda a, at, s: (
-            f"torch.index_put({a[0]}, ({', '.join(a[2:])},), {a[1]}, accumulate={at.get('accumulate', False)!r})"
-        ),
-        {"accumulate": False},
-        rounding="sums",
-        operands=3,
+        "index", _index_put, {"accumulate": False}, rounding="sums", operands=3, neutralizations=("by_one_hot",)
     ),
     "masked_fill": Op(
         "index",
