@@ -859,19 +859,30 @@ def draw_index_select(draw, g):
 
 def draw_index_put(draw, g):
     """Values written (or added) at indices into the leading one or two dims:
-    written, one position; added, any number, repeats included."""
+    written, one position; added, any number, repeats included. Or at a bool
+    mask over the leading dims (``x[mask] = v``), the values one row
+    broadcast to every selected place, however many the mask selects (none
+    at all on all-false masks)."""
     x = g.pick(draw, lambda v: v.rank >= 1)
     if x is None:
         return None
     accumulate = draw(st.booleans())
-    count = draw(st.integers(1, 6)) if accumulate else 1
-    indices = []
-    for dim in range(draw(st.integers(1, min(2, x.rank)))):
-        index = _indices(draw, g, x.shape[dim], lambda v: v.shape == (count,), shape=(count,))
-        if index is None:
+    dims = draw(st.integers(1, min(2, x.rank)))
+    if draw(st.integers(0, 2)) == 0:
+        lead = x.shape[:dims]
+        mask = g.pick(draw, lambda v: v.shape == lead, dtypes=("bool",)) or g.new_input(lead, "bool")
+        if mask is None:
             return None
-        indices.append(index)
-    shape = (count, *x.shape[len(indices) :])
+        indices, shape = [mask], (1, *x.shape[dims:])
+    else:
+        count = draw(st.integers(1, 6)) if accumulate else 1
+        indices = []
+        for dim in range(dims):
+            index = _indices(draw, g, x.shape[dim], lambda v: v.shape == (count,), shape=(count,))
+            if index is None:
+                return None
+            indices.append(index)
+        shape = (count, *x.shape[dims:])
     values = g.pick(draw, lambda v: v.shape == shape) or g.new_input(shape, "")
     if values is None:
         return None

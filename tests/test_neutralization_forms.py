@@ -1086,8 +1086,8 @@ def test_a_max_along_a_dim_as_amax_computes_the_same_values(op, dim, keepdim):
     _equivalent_form(spec, "XNN-037", "torch.am")
 
 
-@pytest.mark.parametrize("indexed_dims", [1, 2])
-def test_accumulated_index_puts_written_as_one_hot_products_compute_the_same_sums(indexed_dims):
+@pytest.mark.parametrize("indexed_dims, mask", [(1, False), (2, False), (1, True), (2, True)])
+def test_accumulated_index_puts_written_as_one_hot_products_compute_the_same_sums(indexed_dims, mask):
     """COREAI-020's form: the same sums in another order (rounding apart);
     an index_put that writes rather than adds keeps its form."""
     import torch
@@ -1098,9 +1098,14 @@ def test_accumulated_index_puts_written_as_one_hot_products_compute_the_same_sum
     count = 6  # more indices than rows: repeats add up
     inputs = [
         {"name": "x", "shape": shape, "dtype": "float32"},
-        {"name": "v", "shape": [count, *shape[indexed_dims:]], "dtype": "float32"},
-    ] + [{"name": f"i{d}", "shape": [count], "dtype": "int64", "high": shape[d]} for d in range(indexed_dims)]
-    indices = [f"i{d}" for d in range(indexed_dims)]
+        {"name": "v", "shape": [1 if mask else count, *shape[indexed_dims:]], "dtype": "float32"},
+    ]
+    if mask:  # x[m] += v: one row of values for every place the mask selects
+        inputs.append({"name": "m", "shape": shape[:indexed_dims], "dtype": "bool"})
+        indices = ["m"]
+    else:
+        inputs += [{"name": f"i{d}", "shape": [count], "dtype": "int64", "high": shape[d]} for d in range(indexed_dims)]
+        indices = [f"i{d}" for d in range(indexed_dims)]
     nodes = [{"id": "added", "op": "index_put", "args": ["x", "v", *indices], "attrs": {"accumulate": True}}]
     spec = {
         "format": "etprop-spec/3",
@@ -1111,7 +1116,7 @@ def test_accumulated_index_puts_written_as_one_hot_products_compute_the_same_sum
     rewritten, changed = neutralize(spec, list(rule))
     assert changed == 1
     original, neutral = builder.build(spec), builder.build(rewritten)
-    assert "F.one_hot" in neutral.source and "F.one_hot" not in original.source
+    assert "_index_put_summed(x" in neutral.source and "_index_put_summed(x" not in original.source
     for kind in ("normal", "large", "zeros"):
         values = original.inputs("forward", kind)
         torch.testing.assert_close(neutral.eager("forward", values)[0], original.eager("forward", values)[0])

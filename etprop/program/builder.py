@@ -206,6 +206,22 @@ def _conv_circular_padded_explicitly(layer, x):
     return convolve(x, layer.weight, layer.bias, layer.stride, 0, layer.dilation, layer.groups)
 
 
+def _index_put_summed(tensor, values, *indices):
+    """``index_put(..., accumulate=True)`` written without it (a
+    neutralization): integer indices as one-hot rows over the indexed dims
+    times the values, a bool mask as itself times the one row of values it
+    broadcasts; the same sums, in another order."""
+    if indices[0].dtype == torch.bool:
+        mask = indices[0].reshape(indices[0].shape + (1,) * (tensor.dim() - indices[0].dim()))
+        return tensor + mask.to(values.dtype) * values[0]
+    rows, flat = 1, torch.zeros_like(indices[0], dtype=torch.int64)
+    for dim, index in enumerate(indices):
+        flat = flat * tensor.shape[dim] + index.long()
+        rows *= tensor.shape[dim]
+    product = F.one_hot(flat, rows).to(values.dtype).transpose(0, 1) @ values.reshape(values.shape[0], -1)
+    return (tensor.reshape(rows, -1) + product).reshape(tensor.shape)
+
+
 def _via_float64(y):
     """``y`` cast to float64 and back: the same values, through a cast no
     delegate takes, so no delegate fuses the op before it with a quantization
@@ -487,6 +503,11 @@ def _any_extreme(value, dim, keepdim, largest):
     return torch.where(ties, scores + 1, scores.new_zeros(())).argmax(dim, keepdim=keepdim)
 
 
+def _abs_value(value):
+    """|value| for a float operand of a sum; an index or mask stays itself."""
+    return value.abs() if value.is_floating_point() else value
+
+
 def _var_terms(value, dim, keepdim):
     """The rounding scale of a variance: mean of squares, times sqrt(n) for
     a long sequential sum."""
@@ -744,7 +765,7 @@ def _jittered_expression(node: dict, expression: str) -> str:
         state = node["state"]
         return f"_jitter(_layer(self.{state}, {args[0]}), 'layer', lambda: _magnitude(self.{state}, {args[0]}))"
     if op in _SUMS:
-        absolute = vocabulary.render(node, [f"{a}.abs()" for a in args]).replace("torch.sub(", "torch.add(")
+        absolute = vocabulary.render(node, [f"_abs_value({a})" for a in args]).replace("torch.sub(", "torch.add(")
         for name in specmod.state_refs(node):
             absolute = absolute.replace(f"self.{name}.weight", f"self.{name}.weight.abs()")
             absolute = absolute.replace(f"self.{name},", f"self.{name}.abs(),").replace(

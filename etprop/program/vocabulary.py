@@ -226,20 +226,12 @@ def _binary_with_state(fn: str, *kwnames: str) -> Render:
 
 
 def _index_put(args, attrs, state):
-    """``torch.index_put`` of ``args[1]`` at the indices ``args[2:]``.
-    ``by_one_hot`` (accumulated only): the same sums as a product, the
-    indices' one-hot rows over the indexed dims times the values, added to
-    the tensor (a neutralization)."""
+    """``torch.index_put`` of ``args[1]`` at the indices (or the bool mask)
+    ``args[2:]``. ``by_one_hot`` (accumulated only): the same sums written
+    without index_put (``_index_put_summed``; a neutralization)."""
     tensor, values, indices = args[0], args[1], args[2:]
     if attrs.get("accumulate") and attrs.get("by_one_hot"):
-        flat = f"{indices[0]}.long()"
-        for dim, index in enumerate(indices[1:], start=1):
-            flat = f"({flat} * {tensor}.shape[{dim}] + {index}.long())"
-        rows = " * ".join(f"{tensor}.shape[{dim}]" for dim in range(len(indices)))
-        product = (
-            f"F.one_hot({flat}, {rows}).to({values}.dtype).transpose(0, 1) @ {values}.reshape({values}.shape[0], -1)"
-        )
-        return f"({tensor}.reshape({rows}, -1) + {product}).reshape({tensor}.shape)"
+        return f"_index_put_summed({tensor}, {values}, {', '.join(indices)})"
     accumulate = attrs.get("accumulate", False)
     return f"torch.index_put({tensor}, ({', '.join(indices)},), {values}, accumulate={accumulate!r})"
 
