@@ -1123,3 +1123,20 @@ def test_accumulated_index_puts_written_as_one_hot_products_compute_the_same_sum
     written = copy.deepcopy(spec)
     written["methods"]["forward"]["nodes"][0]["attrs"] = {}
     assert neutralize(written, list(rule))[1] == 0, "an index_put that writes is left as it is"
+
+
+@pytest.mark.parametrize("shape", [[3, 5], [2, 3, 5]], ids=["unbatched", "batched"])
+def test_an_adaptive_pool1d_given_a_batch_dim_computes_the_same_values(shape):
+    """COREAI-021's form, on the input it is for and on one that has a batch dim already."""
+    spec = {
+        "format": FORMAT,
+        "state": {},
+        "methods": {
+            "forward": {
+                "inputs": [{"name": "x", "shape": shape, "dtype": "float32"}],
+                "nodes": [{"id": "y", "op": "adaptive_avg_pool1d", "args": ["x"], "attrs": {"output_size": 4}}],
+                "outputs": ["y"],
+            }
+        },
+    }
+    _equivalent_form(spec, "COREAI-021", "_pooled_with_batch_dim(x, 4)")

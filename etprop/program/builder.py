@@ -206,6 +206,14 @@ def _conv_circular_padded_explicitly(layer, x):
     return convolve(x, layer.weight, layer.bias, layer.stride, 0, layer.dilation, layer.groups)
 
 
+def _pooled_with_batch_dim(x, output_size):
+    """F.adaptive_avg_pool1d, an unbatched (C, L) input given a batch dim of
+    one for the pooling (a neutralization: the same values)."""
+    if x.dim() == 2:
+        return F.adaptive_avg_pool1d(x.unsqueeze(0), output_size).squeeze(0)
+    return F.adaptive_avg_pool1d(x, output_size)
+
+
 def _index_put_summed(tensor, values, *indices):
     """``index_put(..., accumulate=True)`` written without it (a
     neutralization): integer indices as one-hot rows over the indexed dims

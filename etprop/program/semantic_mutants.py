@@ -89,6 +89,7 @@ OPERAND_ATTRS = frozenset(
         "crop_by_slice",
         "as_amax",
         "by_one_hot",
+        "batched",
     }
 )
 

@@ -236,6 +236,14 @@ def _index_put(args, attrs, state):
     return f"torch.index_put({tensor}, ({', '.join(indices)},), {values}, accumulate={accumulate!r})"
 
 
+def _adaptive_avg_pool1d(args, attrs, state):
+    """``batched``: an unbatched (C, L) input pooled with a batch dim of one
+    added and taken away again (the same values; a neutralization)."""
+    if attrs.get("batched"):
+        return f"_pooled_with_batch_dim({args[0]}, {attrs['output_size']!r})"
+    return _call("F.adaptive_avg_pool1d", "output_size")(args, attrs, state)
+
+
 def _cat(args, attrs, state):
     return f"torch.cat([{', '.join(args)}], dim={attrs['dim']!r})"
 
@@ -734,9 +742,10 @@ OP_TABLE: dict[str, Op] = {
     ),
     "adaptive_avg_pool1d": Op(
         "pool",
-        _call("F.adaptive_avg_pool1d", "output_size"),
+        _adaptive_avg_pool1d,
         {"output_size": REQUIRED},
         rounding="sums",
+        neutralizations=("batched",),
     ),
     # Integer and bool values (etprop-spec/3): indices out of float values,
     # ids and indices read, masks made and applied.
