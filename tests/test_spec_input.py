@@ -112,6 +112,7 @@ def test_every_base_record_is_valid():
         ("deep_nesting", "nests its JSON too deeply"),
         ("random_bytes", "not UTF-8 text"),
         ("unknown_flow", "unknown flow 'nope'"),
+        ("node_without_its_state", "node v2 does not render as Python"),
     ],
 )
 def test_a_bad_file_is_one_line_naming_the_fix(case, expected, tmp_path):
@@ -128,6 +129,11 @@ def test_a_bad_file_is_one_line_naming_the_fix(case, expected, tmp_path):
         spec["methods"]["forward"]["nodes"][0]["op"] = "frobnicate"
     elif case == "code_in_an_attribute":
         spec["methods"]["forward"]["nodes"][0]["attrs"] = {"how": INJECTION}
+    elif case == "node_without_its_state":  # a buffer update that names no buffer
+        spec["methods"]["forward"]["nodes"].append(
+            {"id": "v2", "op": "buffer_update", "args": ["v1"], "attrs": {"how": "copy"}}
+        )
+        spec["methods"]["forward"]["outputs"] = ["v2"]
     record = _record(spec)
     if case == "future_format":
         record["format"] = "etprop-repro/9"

@@ -1133,7 +1133,15 @@ def check_shapes(spec: dict) -> None:
 
     source = render_source(spec)
     namespace: dict = {}
-    exec(compile(source, _SHAPE_CHECK_FILE, "exec"), namespace)
+    try:
+        code = compile(source, _SHAPE_CHECK_FILE, "exec")
+    except SyntaxError as exc:  # a node missing what its op renders (a state, an argument)
+        line = (exc.text or "").strip()
+        node = line.split(" = ", 1)[0] if " = " in line else "a node"
+        raise specmod.SpecError(
+            f"node {node} does not render as Python ({line!r}): give it the 'state' and 'args' its op reads"
+        ) from None
+    exec(code, namespace)
     dtypes = {**namespace["DTYPES"], **namespace["INTEGER_DTYPES"]}
     lines = source.splitlines()
     try:
