@@ -11,7 +11,7 @@ from hypothesis import event
 from hypothesis import strategies as st
 
 from etprop.program.quantize import SCHEMES
-from etprop.program.spec import all_nodes, format_for
+from etprop.program.spec import FLOAT_DTYPES, all_nodes, format_for
 from etprop.strategies import sizes
 from etprop.strategies.graph import FLOAT, GraphDraft, ProgramDraft, Value, dtype_name
 from etprop.strategies.ops import CAMPAIGN_ONLY, DRAWERS, GEMM_DRAWERS, add_twin
@@ -258,7 +258,7 @@ def _shapes(program: ProgramDraft, body: dict, inputs: list[Value]) -> dict | No
 
 
 def _value_dtype(entry: dict) -> str:
-    return FLOAT if entry.get("dtype", "float32") in PROGRAM_DTYPES else entry["dtype"]
+    return FLOAT if entry.get("dtype", "float32") in FLOAT_DTYPES else entry["dtype"]
 
 
 def _reinfer(program: ProgramDraft, body: dict, inputs: list[Value]) -> bool:
@@ -281,7 +281,7 @@ def multi_method_programs(draw, min_methods: int = 2, max_methods: int = 4, max_
         )
         style = draw(st.sampled_from(["same_graph_other_shape", "other_graph"]))
         # Integer inputs index dims of the first method's sizes: that graph keeps them.
-        if style == "same_graph_other_shape" and all(i["dtype"] in PROGRAM_DTYPES for i in first["inputs"]):
+        if style == "same_graph_other_shape" and all(i["dtype"] in FLOAT_DTYPES for i in first["inputs"]):
             inputs = [Value(i["name"], (draw(st.integers(1, 8)),) + tuple(i["shape"][1:])) for i in first["inputs"]]
             if _reinfer(program, first, inputs):
                 methods[name] = {

@@ -28,6 +28,7 @@ from __future__ import annotations
 from typing import Iterator
 
 from etprop.program.semantic_mutants import ARGUMENTS, LAYER_ARGUMENTS, Mutant, catalogue
+from etprop.program.spec import FLOAT_DTYPES
 from etprop.program.vocabulary import CONTROL_FLOW_OPS
 
 Key = tuple[str, str, str, str]
@@ -50,12 +51,7 @@ def program_dtype(spec: dict) -> str:
     if scheme:
         return f"quantized {scheme}"
     # The float dtypes: integer and bool inputs (ids, indices, masks) are the ops' business.
-    dtypes = {
-        value["dtype"]
-        for body in spec["methods"].values()
-        for value in body["inputs"]
-        if value["dtype"] not in ("int64", "int32", "bool")
-    }
+    dtypes = {value["dtype"] for body in spec["methods"].values() for value in body["inputs"]} & set(FLOAT_DTYPES)
     return "/".join(sorted(dtypes)) or "none"
 
 
